@@ -1,0 +1,95 @@
+"""Straggler localisation: which rank (host, GPU) is slow, and which ranks only wait for it.
+
+In a synchronous step every rank's ``step_time`` is the same (the allreduce ends when the slowest
+rank arrives), so step time cannot say who is slow. ``compute_time`` can: the slow rank computes
+longer and then waits little, while its peers compute at normal speed and spend the difference
+waiting in the allreduce (their ``comm_time`` grows). The score follows nvidia-resiliency-ext:
+fastest rank's median compute time / this rank's, so 1.0 is the fastest rank and lower is slower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from slurm_chaos.analysis.model import StragglerScore
+from slurm_chaos.probe.reader import RunData
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+SLOW_COMPUTE = "slow_compute"
+WAITS = "waits_in_allreduce"
+NORMAL = "normal"
+# A rank must compute at least this much slower than the typical rank to be called a straggler,
+# more if the ranks' medians are spread wider than that anyway.
+MIN_SLOWDOWN = 0.05
+
+
+def _compute_matrix(run: RunData, n: int) -> FloatArray:
+    fields = run.ranks[0].fields
+    if "compute_time" in fields and all(np.any(r.fields["compute_time"][:n] > 0) for r in run.ranks):
+        return run.matrix("compute_time")[:, :n]
+    # Older or partial probe output: what is not communication is the rank's own work.
+    return run.matrix("step_time")[:, :n] - _comm_matrix(run, n)
+
+
+def _comm_matrix(run: RunData, n: int) -> FloatArray:
+    if "comm_time" in run.ranks[0].fields:
+        return run.matrix("comm_time")[:, :n]
+    return np.zeros((run.world_size, n))
+
+
+def _gpu(attrs: dict[str, object]) -> int | None:
+    value = attrs.get("gpu_index", -1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def straggler_scores(run: RunData, steps: BoolArray | slice | None = None) -> tuple[StragglerScore, ...]:
+    """Score every rank over the selected steps; slowest first, ties broken by rank."""
+    n = run.matrix("step_time").shape[1]
+    select: BoolArray | slice = slice(None) if steps is None else steps
+    compute = np.median(_compute_matrix(run, n)[:, select], axis=1)
+    comm = np.median(_comm_matrix(run, n)[:, select], axis=1)
+    fastest = float(compute.min())
+    typical = float(np.median(compute))
+    mad = float(np.median(np.abs(compute - typical)))
+    # 1.4826 * MAD estimates the spread of healthy ranks; 5 of those is far outside it.
+    threshold = typical * (1.0 + MIN_SLOWDOWN) + 5.0 * 1.4826 * mad
+    slow = compute > threshold
+    kinds = _kinds(compute, comm, slow)
+    scores = [
+        StragglerScore(
+            rank=r.rank,
+            host=r.host,
+            gpu=_gpu(r.attrs),
+            score=1.0 if compute[i] <= 0 else float(min(1.0, max(0.0, fastest / compute[i]))),
+            compute_median=float(compute[i]),
+            comm_median=float(comm[i]),
+            kind=kinds[i],
+        )
+        for i, r in enumerate(run.ranks)
+    ]
+    return tuple(sorted(scores, key=lambda s: (s.score, s.rank)))
+
+
+def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:
+    if not slow.any():
+        return [NORMAL] * len(compute)
+    slow_compute = float(compute[slow].min())
+    slow_comm = float(np.median(comm[slow]))
+    kinds = []
+    for c, w, is_slow in zip(compute, comm, slow):
+        if is_slow:
+            kinds.append(SLOW_COMPUTE)
+        # A waiter's extra communication time covers at least half of the compute gap to the straggler.
+        elif w - slow_comm >= 0.5 * (slow_compute - c):
+            kinds.append(WAITS)
+        else:
+            kinds.append(NORMAL)
+    return kinds
+
+
+def stragglers(scores: tuple[StragglerScore, ...]) -> tuple[StragglerScore, ...]:
+    """Only the ranks that compute slowly, slowest first."""
+    return tuple(s for s in scores if s.kind == SLOW_COMPUTE)

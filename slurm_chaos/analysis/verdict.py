@@ -1,0 +1,129 @@
+"""The verdict of one experiment, from the comparison, the expectation and what was observed.
+
+Order of the checks (the first that applies wins):
+
+1. training crashed, or lost more steps than allowed -> NOT RECOVERED;
+2. a detection signal was expected and none came in time:
+   a significant slowdown -> BLIND SPOT; too noisy to tell -> INCONCLUSIVE; no slowdown although one
+   was expected -> NO EFFECT (the injection itself is suspect); no slowdown expected -> BLIND SPOT;
+3. detected (or nothing to detect), but an expected remediation step is missing or late -> NOT RECOVERED;
+4. nothing to detect was declared, yet the job slowed down significantly and no signal at all was
+   seen -> BLIND SPOT;
+5. a slowdown was expected and neither it nor any detection happened -> NO EFFECT / INCONCLUSIVE;
+6. otherwise PASSED.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from slurm_chaos.analysis.model import Comparison, Expectation, ObservationLog, Observation, Verdict
+
+# Short remediation names an experiment may use, and the signals that show each happened.
+REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
+    "drain": ("node_drained", "healthcheck_drain"),
+    "requeue": ("job_requeued",),
+    "resume": ("resumed_from_checkpoint",),
+}
+# Signals that show somebody noticed, used when the experiment named none (rule 4).
+DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing", "gpu_xid", "numa_mismatch",
+                     "checkpoint_failed")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+    detected_by: str | None
+    time_to_detect_s: float | None
+    time_to_remediate_s: float | None
+
+
+def signal_matches(observed: str, wanted: str) -> bool:
+    """Exact name, a family ("alert_firing" matches "alert_firing:GpuHot"), or a glob pattern."""
+    return observed == wanted or observed.startswith(wanted + ":") or fnmatch.fnmatchcase(observed, wanted)
+
+
+def first_match(log: ObservationLog, wanted: tuple[str, ...]) -> Observation | None:
+    """Earliest observation at or after the fault's start that matches any of ``wanted``."""
+    for o in log.observations:  # sorted by time
+        if o.time >= log.fault_window.start and any(signal_matches(o.signal, w) for w in wanted):
+            return o
+    return None
+
+
+def _remediation(log: ObservationLog, e: Expectation) -> tuple[float | None, str]:
+    """Time from fault start until the last expected remediation step, or why it is missing."""
+    last = log.fault_window.start
+    for step in e.remediation:
+        o = first_match(log, REMEDIATION_SIGNALS.get(step, (step,)))
+        if o is None:
+            return None, f"expected remediation step {step!r} never happened"
+        last = max(last, o.time)
+    elapsed = last - log.fault_window.start
+    if e.remediate_within_s is not None and elapsed > e.remediate_within_s:
+        return elapsed, f"remediation took {elapsed:.0f} s, deadline {e.remediate_within_s:.0f} s"
+    return elapsed, ""
+
+
+def _pct(c: Comparison) -> str:
+    return f"{100 * c.regression:+.1f}% [{100 * c.ci_low:+.1f}%, {100 * c.ci_high:+.1f}%]"
+
+
+def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Judgement:
+    """Apply the rules in the module docstring."""
+    e = log.expectation
+    start = log.fault_window.start
+    wanted = e.detect_signals or DETECTION_SIGNALS
+    hit = first_match(log, wanted)
+    ttd = None if hit is None else hit.time - start
+    detected_by = None if hit is None else hit.signal
+    ttr, missing = _remediation(log, e) if e.remediation else (None, "")
+
+    def verdict(v: Verdict, reason: str) -> Judgement:
+        return Judgement(v, reason, detected_by, ttd, ttr)
+
+    if log.crashed:
+        return verdict(Verdict.NOT_RECOVERED, "training crashed and did not finish")
+    if e.max_lost_steps is not None and lost_steps > e.max_lost_steps:
+        return verdict(Verdict.NOT_RECOVERED, f"lost {lost_steps} steps, at most {e.max_lost_steps} allowed")
+    slowed = c is not None and c.significant and c.regression > 0
+    noisy = c is None or bool(c.inconclusive_reason)
+    if e.detect_signals and (ttd is None or (e.detect_within_s is not None and ttd > e.detect_within_s)):
+        late = "" if ttd is None else f" (first seen after {ttd:.0f} s, deadline {e.detect_within_s:.0f} s)"
+        if slowed:
+            assert c is not None
+            return verdict(Verdict.BLIND_SPOT, f"step time {_pct(c)} but no {'/'.join(e.detect_signals)} in time{late}")
+        if e.expect_regression and noisy:
+            return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c) + f"; no {'/'.join(e.detect_signals)}{late}")
+        if e.expect_regression:
+            return verdict(Verdict.NO_EFFECT, "no significant slowdown and no detection: did the fault take?")
+        return verdict(Verdict.BLIND_SPOT, f"expected {'/'.join(e.detect_signals)} in time, none seen{late}")
+    if missing:
+        return verdict(Verdict.NOT_RECOVERED, missing)
+    if not e.detect_signals and slowed and hit is None:
+        assert c is not None
+        return verdict(Verdict.BLIND_SPOT, f"step time {_pct(c)} and no monitoring signal at all")
+    if e.expect_regression and not slowed and hit is None:
+        if noisy:
+            return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c))
+        return verdict(Verdict.NO_EFFECT, "no significant slowdown and no signal: did the fault take?")
+    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr))
+
+
+def _noisy_reason(c: Comparison | None) -> str:
+    if c is None:
+        return "no comparison possible"
+    return c.inconclusive_reason or "no significant change"
+
+
+def _passed_reason(c: Comparison | None, by: str | None, ttd: float | None, ttr: float | None) -> str:
+    parts = []
+    if by is not None and ttd is not None:
+        parts.append(f"detected by {by} after {ttd:.0f} s")
+    if ttr is not None:
+        parts.append(f"remediated after {ttr:.0f} s")
+    if c is not None and c.regression == c.regression:  # not NaN
+        parts.append(f"step time {_pct(c)}")
+    return "; ".join(parts) or "as expected"

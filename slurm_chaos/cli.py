@@ -1,0 +1,121 @@
+"""The `slurm-chaos` command line: parses options, calls the package, maps errors to exit codes.
+
+Exit codes: 0 success (every verdict PASSED), 1 a failure or a verdict other than PASSED,
+2 bad input (options, config, data), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from slurm_chaos import __version__
+from slurm_chaos.errors import ChaosError
+
+log = logging.getLogger("slurm_chaos")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _sandbox_up(args: argparse.Namespace) -> int:
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    t0 = time.monotonic()
+    layout = Sandbox(args.name).up(nodes=args.nodes, install=not args.no_install)
+    print(f"sandbox {layout.name}: {layout.nodes} nodes idle after {time.monotonic() - t0:.1f} s")
+    print(f"export SLURM_CONF={layout.slurm_conf}")
+    return 0
+
+
+def _sandbox_down(args: argparse.Namespace) -> int:
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    stopped = Sandbox(args.name).down(purge=not args.keep_state)
+    for item in stopped:
+        print(f"stopped {item}")
+    print(f"sandbox {args.name}: down")
+    return 0
+
+
+def _sandbox_status(args: argparse.Namespace) -> int:
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    status = Sandbox(args.name).status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(f"sandbox {status['name']}  root {status['root']}  bridge {status['bridge']} {status['subnet']}")
+        daemons = status["daemons"]
+        assert isinstance(daemons, dict)
+        for label, pid in daemons.items():
+            print(f"  {label:<16} {'pid ' + str(pid) if pid else 'NOT RUNNING'}")
+        nodes = status["nodes"]
+        assert isinstance(nodes, dict)
+        for node, state in nodes.items():
+            print(f"  {node:<16} {state}")
+    daemons = status["daemons"]
+    assert isinstance(daemons, dict)
+    return 0 if all(daemons.values()) else 1
+
+
+def _sandbox_env(args: argparse.Namespace) -> int:
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    layout = Sandbox(args.name).layout()
+    for key, value in layout.env().items():
+        print(f"export {key}={value}")
+    return 0
+
+
+def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sandbox", help="a real multi-node Slurm cluster on this machine (root)")
+    ss = p.add_subparsers(dest="sandbox_cmd", required=True, metavar="{up,down,status,env}")
+
+    def named(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
+        q = ss.add_parser(name, help=help)
+        q.add_argument("--name", default="chaos", help="sandbox name, 1-8 of [a-z0-9-] (default: chaos)")
+        q.set_defaults(handler=handler)
+        return q
+
+    up = named("up", "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle", _sandbox_up)
+    up.add_argument("--nodes", type=int, default=4, help="number of compute nodes (default: 4)")
+    up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
+    down = named("down", "stop what the sandbox started and delete its namespaces and bridge", _sandbox_down)
+    down.add_argument("--keep-state", action="store_true", help="keep Slurm state and the accounting database")
+    st = named("status", "daemons and node states", _sandbox_status)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    named("env", "print the environment for Slurm commands (export SLURM_CONF=...)", _sandbox_env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slurm-chaos",
+        description="Chaos engineering for GPU clusters run by Slurm: inject real faults into training jobs, "
+        "measure the regression, and check that monitoring and the scheduler reacted.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_sandbox(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="slurm-chaos: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        handler: Handler = args.handler
+        return handler(args)
+    except ChaosError as exc:
+        print(f"slurm-chaos: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("slurm-chaos: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,173 @@
+"""Read the probe's per-rank HDF5 files back into arrays (see :mod:`slurm_chaos.probe.schema`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from slurm_chaos.errors import DataError
+from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS
+
+FloatArray = npt.NDArray[np.float64]
+_RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class RankData:
+    """Everything one rank recorded."""
+
+    path: Path
+    rank: int
+    world_size: int
+    host: str
+    job_id: str
+    attrs: dict[str, object]
+    step: npt.NDArray[np.int64]
+    t_start: FloatArray
+    fields: dict[str, FloatArray]
+    events: tuple[Event, ...] = ()
+    allreduce: dict[str, FloatArray] = field(default_factory=dict)
+    telemetry: dict[str, FloatArray] = field(default_factory=dict)
+
+    @property
+    def step_time(self) -> FloatArray:
+        return self.fields["step_time"]
+
+    @property
+    def comm_time(self) -> FloatArray:
+        return self.fields["comm_time"]
+
+
+@dataclass(frozen=True)
+class RunData:
+    """All ranks of one probe run, ordered by rank."""
+
+    directory: Path
+    ranks: tuple[RankData, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def matrix(self, name: str = "step_time") -> FloatArray:
+        """ranks x steps array of one field, truncated to the shortest rank."""
+        n = min(len(r.fields[name]) for r in self.ranks)
+        return np.stack([r.fields[name][:n] for r in self.ranks])
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(r.host for r in self.ranks)
+
+
+def _attr(attrs: dict[str, object], key: str, path: Path) -> object:
+    if key not in attrs:
+        raise DataError(f"{path}: missing attribute {key!r}; not a slurm-chaos probe file")
+    return attrs[key]
+
+
+def _decode(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def open_probe_file(path: Path) -> Any:
+    """Open a rank file for reading, whether its writer closed it, still writes it or was killed.
+
+    The writer uses HDF5's SWMR mode; a file whose writer is alive or died without closing it is
+    flagged "open for write" and opens only as a SWMR reader, which sees everything up to the last
+    flush.
+    """
+    import h5py
+
+    try:
+        return h5py.File(path, "r", locking=False)
+    except OSError as plain:
+        try:
+            return h5py.File(path, "r", locking=False, swmr=True)
+        except OSError:
+            raise plain from None
+
+
+def read_rank(path: Path) -> RankData:
+    """Read one rank file; a truncated or foreign file raises :class:`DataError`."""
+    if not path.exists():
+        raise DataError(f"{path}: no such probe file")
+    try:
+        with open_probe_file(path) as f:
+            attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            version = _attr(attrs, "schema_version", path)
+            if version != SCHEMA_VERSION:
+                raise DataError(f"{path}: schema_version {version}, this reader knows {SCHEMA_VERSION}")
+            if "steps" not in f:
+                raise DataError(f"{path}: no 'steps' group")
+            g = f["steps"]
+            fields = {name: np.asarray(g[name][()], dtype=np.float64) for name in STEP_FIELDS if name in g}
+            if "step_time" not in fields:
+                raise DataError(f"{path}: no dataset steps/step_time")
+            n = min(len(v) for v in fields.values())
+            fields = {k: v[:n] for k, v in fields.items()}
+            step = np.asarray(g["step"][()][:n], dtype=np.int64) if "step" in g else np.arange(n)
+            t_start = np.asarray(g["t_start"][()][:n], dtype=np.float64) if "t_start" in g else np.full(n, np.nan)
+            events: tuple[Event, ...] = ()
+            if "events" in f:
+                e = f["events"]
+                events = tuple(
+                    Event(float(t), str(_decode(k)), str(_decode(d)))
+                    for t, k, d in zip(e["time"][()], e["kind"][()], e["detail"][()])
+                )
+            allreduce = {k: np.asarray(v[()], dtype=np.float64) for k, v in f["allreduce"].items()} if "allreduce" in f else {}
+            telemetry = {k: np.asarray(v[()], dtype=np.float64) for k, v in f["telemetry"].items()} if "telemetry" in f else {}
+    except DataError:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable probe file ({exc})") from exc
+    return RankData(
+        path=path,
+        rank=int(_attr(attrs, "rank", path)),  # type: ignore[call-overload]
+        world_size=int(_attr(attrs, "world_size", path)),  # type: ignore[call-overload]
+        host=str(_attr(attrs, "host", path)),
+        job_id=str(_attr(attrs, "job_id", path)),
+        attrs=attrs,
+        step=step,
+        t_start=t_start,
+        fields=fields,
+        events=events,
+        allreduce=allreduce,
+        telemetry=telemetry,
+    )
+
+
+def read_run(directory: Path) -> RunData:
+    """Read every `rank-<R>.h5` in `directory`; checks that ranks 0..world_size-1 are all there."""
+    if not directory.is_dir():
+        raise DataError(f"{directory}: no such run directory")
+    files = sorted(
+        (int(m.group(1)), p) for p in directory.iterdir() if (m := _RANK_FILE.match(p.name))
+    )
+    if not files:
+        raise DataError(f"{directory}: no probe files (rank-<R>.h5)")
+    ranks = tuple(read_rank(p) for _, p in files)
+    world = {r.world_size for r in ranks}
+    if len(world) != 1:
+        raise DataError(f"{directory}: ranks disagree on world_size: {sorted(world)}")
+    (n,) = world
+    have = [r.rank for r in ranks]
+    if have != list(range(n)):
+        missing = sorted(set(range(n)) - set(have))
+        raise DataError(f"{directory}: world_size is {n} but rank files {missing} are missing")
+    return RunData(directory=directory, ranks=ranks)
