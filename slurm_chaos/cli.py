@@ -92,6 +92,53 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     named("env", "print the environment for Slurm commands (export SLURM_CONF=...)", _sandbox_env)
 
 
+def _render(args: argparse.Namespace) -> int:
+    from slurm_chaos.experiment import load_experiment
+    from slurm_chaos.render import render_experiment
+    from slurm_chaos.site import load_site
+
+    site = load_site(args.site)
+    experiment = load_experiment(args.experiment, tuple(args.experiments_dir))
+    for job in render_experiment(site, experiment, Path(args.out), run_id=args.run_id or "dry-run"):
+        print(f"{job.role:<9} {job.script}")
+    return 0
+
+
+def _experiments(args: argparse.Namespace) -> int:
+    from slurm_chaos.experiment import available, load_experiment_file
+
+    for name, path in sorted(available(tuple(args.experiments_dir)).items()):
+        exp = load_experiment_file(path)
+        print(f"{name:<24} {exp.strategy:<12} {exp.fault.spec or '(no fault)'}")
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from slurm_chaos.status import run_status
+
+    text, code = run_status(Path(args.run_dir))
+    print(text)
+    return code
+
+
+def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("render", help="write an experiment's sbatch scripts without submitting (dry run)")
+    p.add_argument("--site", required=True, help="site config YAML")
+    p.add_argument("--experiment", required=True, help="experiment name or YAML file")
+    p.add_argument("--out", required=True, help="directory for the scripts")
+    p.add_argument("--run-id", help="run id written into the scripts (default: dry-run)")
+    p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+    p.set_defaults(handler=_render)
+
+    p = sub.add_parser("experiments", help="list the experiment library")
+    p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+    p.set_defaults(handler=_experiments)
+
+    p = sub.add_parser("status", help="what a run directory holds and the state of its jobs")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.set_defaults(handler=_run_status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurm-chaos",
@@ -102,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sandbox(sub)
+    _add_common(sub)
     return parser
 
 

@@ -202,15 +202,17 @@ def detect_fault_segment(x: FloatArray, min_effect: float = MIN_EFFECT) -> tuple
     points = change_points(x, max(1.0, block / 2.0), min_effect)
     if not points:
         return None
-    reference = float(np.median(x[: points[0]]))
-    bounds = [*points, len(x)]
-    for i, (cut, nxt) in enumerate(zip(points, bounds[1:])):
-        if np.median(x[cut:nxt]) >= reference * (1.0 + min_effect):
-            # The fault lasts until the first later segment that is back near the reference level.
-            for later, after in zip(bounds[i + 1 : -1], bounds[i + 2 :]):
-                if np.median(x[later:after]) < reference * (1.0 + min_effect / 2.0):
-                    return cut, later
-            return cut, len(x)
+    bounds = [0, *points, len(x)]
+    levels = [float(np.median(x[lo:hi])) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    # The first rise is the onset (a warm-up only ever steps down); the fault lasts until the
+    # level is back near where it was before the rise.
+    for i in range(1, len(levels)):
+        reference = levels[i - 1]
+        if levels[i] >= reference * (1.0 + min_effect):
+            for j in range(i + 1, len(levels)):
+                if levels[j] < reference * (1.0 + min_effect / 2.0):
+                    return bounds[i], bounds[j]
+            return bounds[i], len(x)
     return None
 
 

@@ -26,9 +26,9 @@ REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
     "requeue": ("job_requeued",),
     "resume": ("resumed_from_checkpoint",),
 }
-# Signals that show somebody noticed, used when the experiment named none (rule 4).
-DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing", "gpu_xid", "numa_mismatch",
-                     "checkpoint_failed")
+# Signals that show monitoring noticed, used when the experiment named none (rule 4). The probe's own
+# events (gpu_xid, numa_mismatch, ...) are not monitoring: they count only where an experiment names them.
+DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing")
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,7 @@ class KeySpec:
 
     def parse(self, text: str) -> Value:
         """Parse one value as written in a SPEC; raises ValueError saying what was expected."""
-        if len(text) > MAX_VALUE_LEN:
+        if len(text.encode()) > MAX_VALUE_LEN:  # bytes, as the C parser counts
             raise ValueError(f"longer than {MAX_VALUE_LEN} characters")
         value = self._parse_raw(text)
         if not isinstance(value, str):

@@ -68,7 +68,7 @@ def parse_spec(spec: str, catalogue: Catalogue | None = None) -> tuple[FaultRequ
     cat = catalogue or load_catalogue()
     if not spec:
         raise SpecError(spec, spec, "empty SPEC")
-    if len(spec) > MAX_SPEC_LEN:
+    if len(spec.encode()) > MAX_SPEC_LEN:  # bytes, as the C parser counts
         raise SpecError(spec, spec, f"longer than {MAX_SPEC_LEN} characters")
     pieces = spec.split("+")
     if len(pieces) > MAX_FAULTS:

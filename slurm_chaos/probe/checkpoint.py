@@ -12,6 +12,7 @@ no second write is started behind a hung one).
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 _CKPT_FILE = re.compile(r"^ckpt-step(\d+)-rank(\d+)\.pt$")
 
-SaveFn = Callable[[Any, Any], None]
+SaveFn = Callable[[Any], bytes]
 Event = tuple[float, str, str]
 
 
@@ -47,10 +48,14 @@ def complete_steps(directory: Path, rank: int) -> list[int]:
     return sorted(steps, reverse=True)
 
 
-def _torch_save(state: Any, fileobj: Any) -> None:
+def _torch_save(state: Any) -> bytes:
+    # Serialise in memory first: a full disk then fails as ENOSPC from write(2), not as a
+    # puzzling error from deep inside torch's zip writer.
     import torch
 
-    torch.save(state, fileobj)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
 
 
 def cpu_copy(obj: Any) -> Any:
@@ -99,13 +104,18 @@ class Checkpointer:
     def busy(self) -> bool:
         return self._busy is not None and not self._busy.done.is_set()
 
-    def start(self, step: int, state: Any) -> bool:
-        """Write `state` (already a host copy) as checkpoint `step`; False if a hung write is still running."""
-        self.poll()
+    def start(self, step: int, snapshot: Callable[[], Any]) -> bool:
+        """Write checkpoint `step`; False if the previous write still runs (then nothing is copied).
+
+        `snapshot` returns a host copy of the state; it runs in the calling (training) thread, so the
+        state cannot change under the background write.
+        """
+        self._check_hang()
         if self.busy():
             assert self._busy is not None
             self._report("checkpoint_skipped", f"step {step}: write of step {self._busy.step} still running")
             return False
+        state = snapshot()
         write = _Write(step, time.monotonic())
         self._busy = write
         threading.Thread(target=self._run, args=(write, state), daemon=True, name="probe-checkpoint").start()
@@ -113,15 +123,18 @@ class Checkpointer:
 
     def poll(self) -> list[Event]:
         """Events since the last poll, plus a ``checkpoint_hang`` once a write outlives the timeout."""
+        self._check_hang()
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def _check_hang(self) -> None:
         w = self._busy
         if w is not None and not w.done.is_set() and not w.hang_reported:
             age = time.monotonic() - w.started
             if age > self.timeout_s:
                 w.hang_reported = True
                 self._report("checkpoint_hang", f"step {w.step}: still writing after {age:.1f} s (timeout {self.timeout_s:g} s)")
-        with self._lock:
-            events, self._events = self._events, []
-        return events
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for the running write; True if none is left running."""
@@ -152,8 +165,9 @@ class Checkpointer:
         final = checkpoint_file(self.directory, step, self.rank)
         tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
         try:
+            data = self.save_fn(state)
             with open(tmp, "wb") as f:
-                self.save_fn(state, f)
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, final)

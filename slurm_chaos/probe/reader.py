@@ -134,7 +134,7 @@ def read_rank(path: Path) -> RankData:
             telemetry = {k: np.asarray(v[()], dtype=np.float64) for k, v in f["telemetry"].items()} if "telemetry" in f else {}
     except DataError:
         raise
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
         raise DataError(f"{path}: unreadable probe file ({exc})") from exc
     return RankData(
         path=path,

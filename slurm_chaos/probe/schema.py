@@ -39,11 +39,13 @@ EVENT_KINDS = (
     "checkpoint_saved",
     "checkpoint_failed",
     "checkpoint_hang",
+    "checkpoint_skipped",
     "resumed",
     "gpu_xid",
     "gpu_ecc",
     "gpu_throttle",
     "numa_mismatch",
+    "telemetry_unavailable",
 )
 
 TELEMETRY_FIELDS = (

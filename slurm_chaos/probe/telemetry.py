@@ -28,7 +28,8 @@ SYSFS_PCI = Path("/sys/bus/pci/devices")
 _MPOL_MODES = ("default", "preferred", "bind", "interleave", "local", "preferred_many", "weighted_interleave")
 _GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236, "ppc64le": 260}
 # Clock-event reasons that mean the GPU is being slowed down, not idling or obeying app clocks.
-_SLOWDOWN_MASK = 0x2 | 0x8 | 0x20 | 0x40 | 0x80 | 0x100  # sw power cap, hw, sw thermal, hw thermal/power brake, sync boost
+# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
+SLOWDOWN_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 Sample = tuple[float, tuple[float, ...]]
 Event = tuple[float, str, str]
@@ -260,8 +261,8 @@ class NvmlSampler:
     def _derive_events(self, now: float, values: dict[str, float]) -> None:
         reasons = values["gpu_throttle_reasons"]
         if reasons == reasons:  # not NaN
-            slow = int(reasons) & _SLOWDOWN_MASK
-            if slow and slow != self._last_reasons & _SLOWDOWN_MASK:
+            slow = int(reasons) & SLOWDOWN_MASK
+            if slow and slow != self._last_reasons & SLOWDOWN_MASK:
                 self.events.put((now, "gpu_throttle", f"clock-event reasons 0x{int(reasons):x}"))
             self._last_reasons = int(reasons)
         ecc = (values["gpu_ecc_volatile_dbe"], values["gpu_ecc_volatile_sbe"])

@@ -87,6 +87,8 @@ class RankWriter:
         self._events: list[tuple[float, str, str]] = []
         self._telemetry: list[tuple[float, Sequence[float]]] = []
         self._last_flush = time.monotonic()
+        # SWMR forbids new attributes while the file is open: these are written at close.
+        self.pending_attrs: dict[str, Any] = {}
         self._file = h5py.File(path, "w", libver="latest", locking=False)
         self._create_layout(attrs, allreduce)
         self._file.swmr_mode = True
@@ -97,7 +99,7 @@ class RankWriter:
         f.attrs["schema_version"] = SCHEMA_VERSION
         f.attrs["attempt"] = self.attempt
         for key, value in attrs.items():
-            f.attrs[key] = value
+            f.attrs[key] = _attr_value(value)
         steps = f.create_group("steps")
         for name in _INT_STEP_FIELDS:
             steps.create_dataset(name, (0,), maxshape=(None,), dtype="i8", chunks=(1024,))
@@ -187,8 +189,13 @@ class RankWriter:
         with h5py.File(self.path, "r+", locking=False) as f:
             f.attrs["end_time"] = time.time()
             f.attrs["complete"] = True
-            for key, value in (final_attrs or {}).items():
-                f.attrs[key] = value
+            for key, value in (self.pending_attrs | dict(final_attrs or {})).items():
+                f.attrs[key] = _attr_value(value)
+
+
+def _attr_value(value: Any) -> Any:
+    # str subclasses (torch's TorchVersion) would become numpy unicode, which HDF5 cannot store.
+    return str(value) if isinstance(value, str) else value
 
 
 def _append(dataset: Any, values: Sequence[Any] | np.ndarray) -> None:

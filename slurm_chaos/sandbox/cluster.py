@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).parent / "templates"
 DB_PASSWORD = "slurm-chaos-sandbox"
 HOOK_TIMEOUT_S = 60
+# sinfo shows nodes of an active reservation as "reserved" (or "maint"); they are up all the same.
+UP_STATES = ("idle", "reserved", "maint", "mixed", "allocated", "completing")
 
 
 @dataclass(frozen=True)
@@ -382,7 +384,7 @@ class Sandbox:
         tty = sys.stderr.isatty()
         while True:
             states = self.node_states(layout)
-            idle = [n for n, s in states.items() if s.rstrip("*~#$@+") in ("idle", "mixed", "allocated")]
+            idle = [n for n, s in states.items() if s.rstrip("*~#$@+%!^-") in UP_STATES]
             if tty:
                 print(f"\rwaiting for nodes: {len(idle)}/{layout.nodes} up", end="", file=sys.stderr, flush=True)
             if len(idle) == layout.nodes:

@@ -1,0 +1,26 @@
+# The two set-up commands of the README.
+#   make demo   install what is needed, bring up the sandbox cluster and run the maintenance campaign
+#   make test   install what is needed and run every test (unit, integration on a sandbox, lint, types)
+SANDBOX ?= chaos
+SITE ?= site_configs/sandbox.yaml
+OUT ?= runs
+
+.PHONY: install demo test lint clean
+
+install:
+	bash scripts/install-deps.sh
+
+demo: install
+	slurm-chaos sandbox up --name $(SANDBOX)
+	slurm-chaos plugin install --site $(SITE)
+	slurm-chaos campaign --site $(SITE) --suite maintenance --out $(OUT)/maintenance-$$(date +%Y%m%d-%H%M%S)
+
+test: install
+	bash scripts/run-tests.sh
+
+lint:
+	ruff check slurm_chaos tests bench
+	mypy
+
+clean:
+	$(MAKE) -C spank_plugin clean

@@ -1,0 +1,155 @@
+"""Analyse one experiment directory of a campaign run: baseline/, fault/ and observations.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from slurm_chaos.analysis.model import (
+    OBSERVATIONS_FILE,
+    ExperimentResult,
+    FaultWindow,
+    ObservationLog,
+    Observation,
+    load_observations,
+)
+from slurm_chaos.analysis.regression import JobSeries, compare_series, job_series
+from slurm_chaos.analysis.straggler import straggler_scores, stragglers
+from slurm_chaos.analysis.verdict import judge
+from slurm_chaos.errors import DataError
+from slurm_chaos.probe.reader import RunData, read_run
+
+FloatArray = npt.NDArray[np.float64]
+
+# The probe's own event kinds, as observation signals (schema v1 EVENT_KINDS).
+PROBE_EVENT_SIGNALS = {
+    "checkpoint_failed": "checkpoint_failed",
+    "checkpoint_hang": "checkpoint_hang",
+    "resumed": "resumed_from_checkpoint",
+    "gpu_xid": "gpu_xid",
+    "gpu_ecc": "gpu_ecc",
+    "gpu_throttle": "gpu_throttle",
+    "numa_mismatch": "numa_mismatch",
+}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    run_id: str
+    site: str
+    started: str
+    experiments: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ExperimentAnalysis:
+    """An experiment's result plus what the plots need."""
+
+    result: ExperimentResult
+    baseline: RunData
+    fault: RunData
+    baseline_series: JobSeries
+    fault_series: JobSeries
+    window: FaultWindow
+    fault_steps: npt.NDArray[np.bool_]  # the fault run's steps that count as under fault
+
+
+def load_manifest(run_dir: Path) -> Manifest:
+    path = run_dir / "manifest.json"
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: no such run directory")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; is {run_dir} a slurm-chaos run directory?")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    for key in ("run_id", "experiments"):
+        if key not in raw:
+            raise DataError(f"{path}: {key}: missing")
+    names = raw["experiments"]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise DataError(f"{path}: experiments: expected a list of experiment names")
+    if len(set(names)) != len(names):
+        raise DataError(f"{path}: experiments: names repeat")
+    return Manifest(str(raw["run_id"]), str(raw.get("site", "")), str(raw.get("started", "")), tuple(names))
+
+
+def _read_side(exp_dir: Path, side: str) -> RunData:
+    directory = exp_dir / side
+    if not directory.is_dir():
+        raise DataError(f"{exp_dir.name}: missing {side} run ({directory} does not exist)")
+    return read_run(directory)
+
+
+def probe_observations(run: RunData) -> tuple[Observation, ...]:
+    """The probe's own events and NUMA check, as observations (one per signal and host)."""
+    seen: dict[tuple[str, str], Observation] = {}
+    for r in run.ranks:
+        found = [Observation(PROBE_EVENT_SIGNALS[e.kind], e.time, f"{r.host} rank {r.rank}: {e.detail}".strip(": "))
+                 for e in r.events if e.kind in PROBE_EVENT_SIGNALS]
+        if r.attrs.get("numa_mismatch") is True:
+            start = r.attrs.get("start_time")
+            t = float(start) if isinstance(start, (int, float)) else float(np.nan_to_num(r.t_start[:1]).sum())
+            found.append(Observation("numa_mismatch", t, f"{r.host} rank {r.rank}: cpus {r.attrs.get('cpu_affinity')} "
+                                     f"on NUMA {r.attrs.get('cpu_numa_nodes')}"))
+        for o in found:
+            key = (o.signal, r.host)
+            if key not in seen or o.time < seen[key].time:
+                seen[key] = o
+    return tuple(seen.values())
+
+
+def lost_steps(run: RunData) -> int:
+    """Steps run more than once: the work redone after resuming from an older checkpoint."""
+    counts = [len(r.step) - len(np.unique(r.step)) for r in run.ranks]
+    return max(counts) if counts else 0
+
+
+def _fault_steps(series: JobSeries, window: FaultWindow, warmup: int) -> npt.NDArray[np.bool_]:
+    """Steps inside the fault window after the warm-up; every post-warm-up step if times are unknown."""
+    t = series.t_start
+    mask = np.ones(len(t), dtype=np.bool_)
+    if len(t) and np.isfinite(t).all():
+        inside = (t >= window.start) & (t <= (np.inf if window.end is None else window.end))
+        mask = inside if inside[warmup:].sum() >= 5 else mask
+    mask[:warmup] = False
+    return mask if mask.any() else np.ones(len(t), dtype=np.bool_)
+
+
+def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
+    """Compare, localise stragglers and judge one experiment."""
+    if not exp_dir.is_dir():
+        raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
+    log = load_observations(exp_dir / OBSERVATIONS_FILE)
+    baseline = _read_side(exp_dir, "baseline")
+    fault = _read_side(exp_dir, "fault")
+    if baseline.world_size != fault.world_size:
+        raise DataError(f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "
+                        "they must run the same job shape")
+    b, f = job_series(baseline), job_series(fault)
+    comparison = compare_series(b, f, log.fault_window)
+    steps = _fault_steps(f, log.fault_window, comparison.fault_warmup_steps)
+    scores = straggler_scores(fault, steps)
+    log = replace(log, observations=_merged(log, probe_observations(fault)))
+    lost = lost_steps(fault)
+    j = judge(comparison, log, lost)
+    result = ExperimentResult(
+        name=name, fault=log.fault, verdict=j.verdict, reason=j.reason, comparison=comparison,
+        stragglers=stragglers(scores), detected_by=j.detected_by, time_to_detect_s=j.time_to_detect_s,
+        time_to_remediate_s=j.time_to_remediate_s, lost_steps=lost, crashed=log.crashed,
+        world_size=fault.world_size, observations=log.observations,
+    )
+    return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps)
+
+
+def _merged(log: ObservationLog, extra: tuple[Observation, ...]) -> tuple[Observation, ...]:
+    everything = set(log.observations) | set(extra)
+    return tuple(sorted(everything, key=lambda o: (o.time, o.signal, o.detail)))
+

@@ -1,0 +1,224 @@
+"""Reports of a campaign run directory: terminal table, self-contained HTML, JSON and JUnit XML.
+
+Layout read::
+
+    RUN_DIR/manifest.json                       {"run_id", "site", "started", "experiments": [names]}
+    RUN_DIR/experiments/<name>/baseline/rank-<R>.h5
+    RUN_DIR/experiments/<name>/fault/rank-<R>.h5
+    RUN_DIR/experiments/<name>/observations.json
+
+Every output depends only on the directory's contents (seeded bootstrap, no clock), so running the
+report twice gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_chaos.analysis.experiment import ExperimentAnalysis, Manifest, analyse_experiment, load_manifest
+from slurm_chaos.analysis.model import ExperimentResult, Verdict
+from slurm_chaos.analysis.regression import ALPHA
+
+REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.xml"}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    manifest: Manifest
+    analyses: tuple[ExperimentAnalysis, ...]
+
+    @property
+    def results(self) -> tuple[ExperimentResult, ...]:
+        return tuple(a.result for a in self.analyses)
+
+
+def analyse_run(run_dir: Path) -> RunReport:
+    """Analyse every experiment the manifest lists; bad input raises DataError naming the file."""
+    manifest = load_manifest(run_dir)
+    analyses = tuple(analyse_experiment(run_dir / "experiments" / n, n) for n in manifest.experiments)
+    return RunReport(manifest, analyses)
+
+
+def exit_code(results: Sequence[ExperimentResult]) -> int:
+    """0 when every verdict is PASSED, 1 otherwise (bad input never gets here: DataError exits 2)."""
+    return 0 if all(r.verdict is Verdict.PASSED for r in results) else 1
+
+
+# --- terminal table ----------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}s"
+
+
+def _row(r: ExperimentResult) -> list[str]:
+    c = r.comparison
+    ci = "-" if c is None or not math.isfinite(c.ci_low) else f"[{_pct(c.ci_low)}, {_pct(c.ci_high)}]"
+    p = "-" if c is None else f"{c.p_value:.2g}"
+    slow = r.stragglers[0] if r.stragglers else None
+    straggler = "-" if slow is None else f"rank {slow.rank}@{slow.host} ({slow.score:.2f})"
+    return [r.name, r.fault or "-", r.verdict.value, _pct(c.regression if c else None), ci, p,
+            _secs(r.time_to_detect_s), _secs(r.time_to_remediate_s), str(r.lost_steps), straggler]
+
+
+def render_table(report: RunReport) -> str:
+    """Plain aligned text, one row per experiment, reasons listed below."""
+    m = report.manifest
+    header = ["EXPERIMENT", "FAULT", "VERDICT", "REGRESSION", f"{100 * (1 - ALPHA):.0f}% CI", "P",
+              "DETECT", "REMEDIATE", "LOST", "STRAGGLER"]
+    rows = [header] + [_row(r) for r in report.results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"run {m.run_id}  site {m.site or '-'}  started {m.started or '-'}", ""]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append("")
+    lines += [f"{r.name}: {r.verdict.value}: {r.reason}" for r in report.results]
+    passed = sum(r.verdict is Verdict.PASSED for r in report.results)
+    lines.append(f"\n{passed} of {len(report.results)} experiments PASSED")
+    return "\n".join(lines) + "\n"
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+def report_json(report: RunReport) -> dict[str, Any]:
+    m = report.manifest
+    return {
+        "run_id": m.run_id,
+        "site": m.site,
+        "started": m.started,
+        "exit_code": exit_code(report.results),
+        "experiments": [r.to_json() for r in report.results],
+    }
+
+
+def render_json(report: RunReport) -> str:
+    return json.dumps(report_json(report), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+# --- JUnit XML ---------------------------------------------------------------------------------
+
+
+def _duration(a: ExperimentAnalysis) -> str:
+    t = a.fault_series.t_start
+    seconds = float(t[-1] - t[0] + a.fault_series.step_time[-1]) if len(t) and math.isfinite(t[0]) else 0.0
+    return f"{max(0.0, seconds):.3f}"
+
+
+def render_junit(report: RunReport) -> str:
+    """One testcase per experiment; every verdict but PASSED is a failure whose type is the verdict."""
+    m = report.manifest
+    failures = sum(a.result.verdict is not Verdict.PASSED for a in report.analyses)
+    tests = str(len(report.analyses))
+    root = ET.Element("testsuites", {"name": "slurm-chaos", "tests": tests, "failures": str(failures),
+                                     "errors": "0"})
+    suite = ET.SubElement(root, "testsuite", {"name": f"slurm-chaos.{m.run_id}", "tests": tests,
+                                              "failures": str(failures), "errors": "0", "skipped": "0"})
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("run_id", m.run_id), ("site", m.site), ("started", m.started)):
+        ET.SubElement(props, "property", {"name": key, "value": value})
+    for a in report.analyses:
+        r = a.result
+        case = ET.SubElement(suite, "testcase", {"name": r.name, "classname": f"slurm-chaos.{m.site or 'site'}",
+                                                 "time": _duration(a)})
+        if r.verdict is not Verdict.PASSED:
+            failure = ET.SubElement(case, "failure", {"type": r.verdict.value, "message": r.reason})
+            failure.text = json.dumps(r.to_json(), indent=2, sort_keys=True)
+        out = ET.SubElement(case, "system-out")
+        out.text = f"{r.verdict.value}: {r.reason}"
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+# --- HTML --------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
+font-size:.9em}th{background:#f3f3f3}.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
+.PASSED{background:#2e7d32}.BLIND_SPOT{background:#c62828}.NOT_RECOVERED{background:#6a1b9a}
+.NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}section{margin-top:2em;border-top:2px solid #ddd}
+.plots svg{max-width:100%;height:auto}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
+"""
+
+
+def _badge(v: Verdict) -> str:
+    return f'<span class="v {v.name}">{html.escape(v.value)}</span>'
+
+
+def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def _experiment_html(a: ExperimentAnalysis) -> str:
+    from slurm_chaos.analysis import plots
+
+    r, c = a.result, a.result.comparison
+    e = html.escape
+    numbers: list[tuple[str, str]] = [("verdict", r.verdict.value), ("reason", r.reason), ("fault", r.fault or "-"),
+                                      ("ranks", str(r.world_size))]
+    if c is not None:
+        numbers += [
+            ("regression (median step)", f"{_pct(c.regression)}  CI [{_pct(c.ci_low)}, {_pct(c.ci_high)}]"),
+            ("p-value (Mann-Whitney, block medians)", f"{c.p_value:.3g}  significant: {c.significant}"),
+            ("baseline median / p95 / p99", f"{1e3 * c.baseline.median:.2f} / {1e3 * c.baseline.p95:.2f} / "
+             f"{1e3 * c.baseline.p99:.2f} ms  ({c.baseline.n} steps, warm-up {c.baseline_warmup_steps})"),
+            ("fault median / p95 / p99", f"{1e3 * c.fault.median:.2f} / {1e3 * c.fault.p95:.2f} / "
+             f"{1e3 * c.fault.p99:.2f} ms  ({c.fault.n} steps, warm-up {c.fault_warmup_steps})"),
+            ("onset (change point)", "-" if c.onset_step is None else f"step {c.onset_step}"),
+        ]
+    numbers += [("detected by", r.detected_by or "-"), ("time to detect", _secs(r.time_to_detect_s)),
+                ("time to remediate", _secs(r.time_to_remediate_s)), ("lost steps", str(r.lost_steps))]
+    strag = "".join(
+        f"<tr><td>{s.rank}</td><td>{e(s.host)}</td><td>{'-' if s.gpu is None else s.gpu}</td>"
+        f"<td>{s.score:.3f}</td><td>{e(s.kind)}</td></tr>" for s in r.stragglers[:20]
+    ) or '<tr><td colspan="5">no rank computes slower than its peers</td></tr>'
+    obs = "".join(
+        f"<tr><td>{o.time - a.window.start:+.1f}s</td><td>{e(o.signal)}</td><td>{e(o.detail)}</td></tr>"
+        for o in r.observations
+    ) or '<tr><td colspan="3">nothing observed</td></tr>'
+    return (
+        f'<section id="{e(r.name)}"><h2>{e(r.name)} {_badge(r.verdict)}</h2>'
+        f'<div class="row">{_kv_table(numbers)}<div><h3>Stragglers</h3><table><tr><th>rank</th><th>host</th>'
+        f"<th>GPU</th><th>score</th><th>kind</th></tr>{strag}</table>"
+        f"<h3>Observations (from fault start)</h3><table><tr><th>t</th><th>signal</th><th>detail</th></tr>{obs}"
+        f'</table></div></div><div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
+        f'<div class="row"><figure>{plots.distribution_svg(a)}</figure></div>'
+        f"<figure>{plots.heatmap_svg(a)}</figure></div></section>"
+    )
+
+
+def render_html(report: RunReport) -> str:
+    """A single page with no external resources: CSS inline, plots as inline SVG."""
+    m = report.manifest
+    e = html.escape
+    rows = "".join(
+        f'<tr><td><a href="#{e(r.name)}">{e(r.name)}</a></td><td>{e(r.fault or "-")}</td><td>{_badge(r.verdict)}'
+        f"</td><td>{e(_row(r)[3])}</td><td>{e(_row(r)[4])}</td><td>{e(_row(r)[6])}</td><td>{e(_row(r)[7])}</td>"
+        f"<td>{e(r.reason)}</td></tr>"
+        for r in report.results
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>slurm-chaos report {e(m.run_id)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>slurm-chaos report</h1><p>run <b>{e(m.run_id)}</b>, site <b>{e(m.site or '-')}</b>, "
+        f"started {e(m.started or '-')}</p>"
+        "<table><tr><th>experiment</th><th>fault</th><th>verdict</th><th>regression</th><th>CI</th>"
+        f"<th>detect</th><th>remediate</th><th>reason</th></tr>{rows}</table>"
+        + "".join(_experiment_html(a) for a in report.analyses)
+        + "</body></html>\n"
+    )
+
+
+RENDERERS = {"table": render_table, "html": render_html, "json": render_json, "junit": render_junit}

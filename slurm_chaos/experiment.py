@@ -1,0 +1,150 @@
+"""Experiments: a fault, where and when to inject it, and what monitoring and Slurm should do about it.
+
+Experiments are YAML files: the package's library (`slurm_chaos/experiments/`) and any directory
+named by the user. Validated against `schemas/experiment.schema.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from slurm_chaos.errors import ConfigError, UsageError
+
+LIBRARY = Path(__file__).parent / "experiments"
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    rank: int | None = None
+    node: int | None = None
+    switch: str | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    spec: str | None
+    target: Target = field(default_factory=Target)
+    start_after_s: float = 0.0
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """The steady state: training within this much of its baseline."""
+
+    max_regression: float = 0.05
+    min_busbw_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What monitoring and the scheduler should do once the fault hits."""
+
+    regression: bool = True
+    detect: tuple[str, ...] = ()
+    detect_within_s: float | None = None
+    remediation: tuple[str, ...] = ()
+    remediate_within_s: float | None = None
+    max_lost_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    strategy: str
+    description: str
+    fault: Fault
+    expect: Expect
+    path: Path
+    nodes: int = 2
+    tasks_per_node: int | None = None
+    steps: int | None = None
+    mode: str = "train"
+    requeue: bool = False
+    switches: int | None = None
+    constraint: str | None = None
+    hypothesis: Hypothesis = field(default_factory=Hypothesis)
+
+    @property
+    def is_control(self) -> bool:
+        return self.fault.spec is None
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+    return data
+
+
+def load_experiment_file(path: Path) -> Experiment:
+    from slurm_chaos.site import _describe
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read experiment: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", f"malformed YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "expected a mapping at the top level")
+    errors = sorted(
+        jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: len(e.absolute_path)
+    )
+    if errors:
+        key, problem = _describe(errors[0])
+        raise ConfigError(str(path), key, problem)
+    f = data["fault"]
+    fault = Fault(
+        spec=f["spec"],
+        target=Target(**f.get("target", {})),
+        start_after_s=float(f.get("start_after_s", 0)),
+        duration_s=f.get("duration_s"),
+    )
+    e = data["expect"]
+    expect = Expect(
+        regression=e.get("regression", True),
+        detect=tuple(e.get("detect", ())),
+        detect_within_s=e.get("detect_within_s"),
+        remediation=tuple(e.get("remediation", ())),
+        remediate_within_s=e.get("remediate_within_s"),
+        max_lost_steps=e.get("max_lost_steps"),
+    )
+    rest = {k: v for k, v in data.items() if k not in ("fault", "expect", "hypothesis")}
+    return Experiment(
+        **rest, fault=fault, expect=expect, path=path, hypothesis=Hypothesis(**data.get("hypothesis", {}))
+    )
+
+
+def _directories(extra: tuple[Path, ...]) -> tuple[Path, ...]:
+    return (*extra, LIBRARY)
+
+
+def available(extra_dirs: tuple[Path, ...] = ()) -> dict[str, Path]:
+    """Experiment name -> file; a user's directory shadows the library."""
+    found: dict[str, Path] = {}
+    for d in reversed(_directories(extra_dirs)):
+        for p in sorted(d.glob("*.yaml")):
+            found[p.stem] = p
+    return found
+
+
+def load_experiment(name_or_path: str, extra_dirs: tuple[Path, ...] = ()) -> Experiment:
+    """An experiment by name (library or `extra_dirs`) or by path to its YAML file."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return load_experiment_file(path)
+    known = available(extra_dirs)
+    if name_or_path not in known:
+        raise UsageError(f"unknown experiment {name_or_path!r} (known: {', '.join(sorted(known))})")
+    exp = load_experiment_file(known[name_or_path])
+    if exp.name != name_or_path:
+        raise ConfigError(str(exp.path), "name", f"{exp.name!r} differs from the file name {name_or_path!r}")
+    return exp

@@ -1,0 +1,7 @@
+"""``python -m slurm_chaos.probe``: one rank of the training probe."""
+
+from __future__ import annotations
+
+from slurm_chaos.probe.cli import main
+
+raise SystemExit(main())

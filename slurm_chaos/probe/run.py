@@ -1,0 +1,427 @@
+"""One rank of a probe run, from rendezvous to the closed HDF5 file and its summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from slurm_chaos.errors import ChaosError
+from slurm_chaos.probe import checkpoint as ckpt
+from slurm_chaos.probe import telemetry as tel
+from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
+from slurm_chaos.probe.schema import rank_file_name
+from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
+
+
+class PeerLost(ChaosError):
+    """A collective failed mid-run: a peer died, hung past the timeout or the network broke."""
+
+
+class Terminated(ChaosError):
+    """Slurm (or someone) sent SIGTERM/SIGINT; the file is flushed and the rank stops."""
+
+    exit_code = 143
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Everything the command line sets."""
+
+    steps: int
+    out: Path
+    mode: str = "train"
+    model_size: str = "tiny"
+    seed: int = 1234
+    progress_every: int = 10
+    ckpt_dir: Path | None = None
+    ckpt_every: int = 50
+    ckpt_timeout: float = 60.0
+    rendezvous: str = "auto"
+    rendezvous_timeout: float = 60.0
+    collective_timeout: float = 600.0
+    backend: str = "auto"
+    threads: int = 1
+    bucket_mb: float = 25.0
+    min_bytes: int = 1024
+    max_bytes: int = 0
+    warmup: int = 5
+    telemetry_interval: float = 1.0
+    flush_every: int = 50
+    flush_interval: float = 1.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The final one-line JSON rank 0 prints."""
+
+    mode: str
+    rank: int
+    steps: int
+    last_step: int
+    median_step_time: float
+    world_size: int
+    backend: str
+    restarts: int
+    restart_step: int
+    steps_lost: int
+    checkpoint_failures: int
+    out: str
+    peak_busbw_gbps: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Resume:
+    step: int
+    load_time: float
+    previous: PreviousAttempt | None
+
+
+def _say(rank: int, text: str) -> None:
+    if rank == 0:
+        print(f"probe: {text}", flush=True)
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(f"stopped by signal {signal.Signals(signum).name}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_probe(cfg: ProbeConfig, env: Mapping[str, str] | None = None) -> Summary:
+    """Run one rank; raises :class:`ChaosError` subclasses for the failures the CLI reports."""
+    import torch
+    import torch.distributed as dist
+
+    rv = resolve(os.environ if env is None else env, cfg.rendezvous)
+    device, backend = _device_and_backend(cfg, rv)
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    init_process_group(rv, backend, cfg.rendezvous_timeout)
+    try:
+        with _sigterm_raises():
+            return _run_in_group(cfg, rv, device, backend)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _device_and_backend(cfg: ProbeConfig, rv: Rendezvous) -> tuple[Any, str]:
+    import torch
+
+    if torch.cuda.is_available() and cfg.backend in ("auto", "nccl"):
+        device = torch.device("cuda", rv.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device, "nccl"
+    if cfg.backend == "nccl":
+        raise ChaosError("--backend nccl needs CUDA, and torch sees no GPU here")
+    return torch.device("cpu"), "gloo"
+
+
+def _run_in_group(cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str) -> Summary:
+    host = tel.host_info()
+    nvml, why = tel.load_nvml() if device.type == "cuda" else (None, "no CUDA device")
+    gpu = tel.gpu_info(device.index or 0, nvml) if device.type == "cuda" else None
+    if nvml is None:
+        _say(rv.rank, f"GPU telemetry off: {why}")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.mode == "allreduce":
+        return _run_allreduce(cfg, rv, device, backend, host, gpu)
+    return _run_train(cfg, rv, device, backend, host, gpu, nvml)
+
+
+def _attrs(cfg: ProbeConfig, rv: Rendezvous, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None) -> dict[str, Any]:
+    import torch
+
+    return {
+        "rank": rv.rank,
+        "world_size": rv.world_size,
+        "local_rank": rv.local_rank,
+        "host": host.host,
+        "job_id": rv.job_id,
+        "job_name": rv.job_name,
+        "restart_count": rv.restart_count,
+        "rendezvous": rv.source,
+        "start_time": time.time(),
+        "mode": cfg.mode,
+        "backend": backend,
+        "model_size": cfg.model_size,
+        "seed": cfg.seed,
+        "steps_planned": cfg.steps,
+        "torch_version": torch.__version__,
+        "cpu_affinity": tel.format_cpulist(host.cpus),
+        "cpu_numa_nodes": ",".join(map(str, host.cpu_numa_nodes)),
+        "mempolicy": host.mempolicy,
+        "mems_allowed": host.mems_allowed,
+        "gpu_index": gpu.index if gpu else -1,
+        "gpu_uuid": gpu.uuid if gpu else "",
+        "gpu_pci_bus_id": gpu.pci_bus_id if gpu else "",
+        "gpu_numa_node": gpu.numa_node if gpu else -1,
+        "gpu_name": gpu.name if gpu else "",
+        "numa_mismatch": tel.numa_mismatch(host, gpu),
+    }
+
+
+def _numa_event(writer: RankWriter, host: tel.HostInfo, gpu: tel.GpuInfo | None) -> None:
+    if gpu is not None and tel.numa_mismatch(host, gpu):
+        writer.event(
+            "numa_mismatch",
+            f"GPU {gpu.index} ({gpu.pci_bus_id}) is on NUMA node {gpu.numa_node}, task CPUs "
+            f"{tel.format_cpulist(host.cpus)} are on node(s) {','.join(map(str, host.cpu_numa_nodes))}",
+        )
+
+
+def _agree_resume(directory: Path, rank: int, world: int) -> int:
+    """The newest step every rank holds a complete checkpoint for (0 if none)."""
+    import torch.distributed as dist
+
+    mine = ckpt.complete_steps(directory, rank)
+    everyone: list[list[int] | None] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    common = set(mine).intersection(*(set(s or []) for s in everyone))
+    return max(common, default=0)
+
+
+def _resume(cfg: ProbeConfig, rv: Rendezvous, trainer: Any, directory: Path) -> tuple[int, float]:
+    """Load the newest checkpoint all ranks can load; returns (restart step, seconds it took)."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    step = _agree_resume(directory, rv.rank, rv.world_size)
+    while step > 0:
+        try:
+            trainer.load_state(ckpt.load(directory, step, rv.rank))
+            ok = 1
+        except Exception as exc:  # a torn or unreadable file: fall back to an older one
+            print(f"probe: rank {rv.rank}: checkpoint step {step} unreadable ({exc})", file=sys.stderr)
+            ok = 0
+        flag = torch.tensor([ok], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if int(flag.item()) == 1:
+            break
+        older = [s for s in ckpt.complete_steps(directory, rv.rank) if s < step]
+        step = _agree_resume_below(older)
+    return step, time.perf_counter() - t0
+
+
+def _agree_resume_below(older: list[int]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    best = torch.tensor([max(older, default=0)], dtype=torch.int64)
+    dist.all_reduce(best, op=dist.ReduceOp.MIN)
+    return int(best.item())
+
+
+def _open_writer(
+    cfg: ProbeConfig, rv: Rendezvous, attrs: dict[str, Any], fresh: bool, allreduce: bool = False
+) -> tuple[RankWriter, PreviousAttempt | None]:
+    path = cfg.out / rank_file_name(rv.rank)
+    carried = None if fresh else carry_over(path)
+    attempt = carried[0].attempts if carried else 0
+    writer = RankWriter(
+        path, attrs, attempt=attempt, allreduce=allreduce, flush_every=cfg.flush_every, flush_interval=cfg.flush_interval
+    )
+    if carried:
+        writer.copy_previous(carried[1], carried[2])
+    return writer, carried[0] if carried else None
+
+
+def _run_train(
+    cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None, nvml: Any
+) -> Summary:
+    from slurm_chaos.probe.workload import MODEL_SIZES, Trainer
+
+    trainer = Trainer(
+        MODEL_SIZES[cfg.model_size], device, seed=cfg.seed, rank=rv.rank, world_size=rv.world_size, bucket_mb=cfg.bucket_mb
+    )
+    checkpointer, start, load_time = None, 0, 0.0
+    if cfg.ckpt_dir is not None:
+        directory = ckpt.checkpoint_dir(cfg.ckpt_dir, rv.job_name, rv.job_id)
+        start, load_time = _resume(cfg, rv, trainer, directory)
+        checkpointer = ckpt.Checkpointer(directory, rv.rank, timeout_s=cfg.ckpt_timeout)
+    if start == 0:
+        trainer.broadcast_parameters()
+    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": start, "params": trainer.numel}
+    writer, previous = _open_writer(cfg, rv, attrs, fresh=start == 0 and rv.restart_count == 0)
+    steps_lost = _record_resume(writer, start, load_time, previous, rv)
+    _numa_event(writer, host, gpu)
+    sampler = _start_sampler(nvml, gpu, cfg.telemetry_interval, writer)
+    _say(rv.rank, f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
+         f"backend {backend}, steps {start}..{cfg.steps - 1}")
+    times: list[float] = []
+    try:
+        times = _train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start)
+    except (RuntimeError, OSError) as exc:
+        _close(writer, sampler, {"exit_reason": f"collective failed: {exc}"[:500]})
+        raise PeerLost(f"rank {rv.rank} on {host.host}: a collective failed (peer dead or unreachable): "
+                       f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    except Terminated as exc:
+        _close(writer, sampler, {"exit_reason": str(exc)})
+        raise
+    failures = _finish_checkpoints(checkpointer, writer, cfg)
+    total_failures = _sum_over_ranks(failures)
+    _close(writer, sampler, {"exit_reason": "done", "param_checksum": trainer.checksum(), "steps_completed": len(times)})
+    return Summary(
+        cfg.mode, rv.rank, len(times), cfg.steps - 1, statistics.median(times) if times else float("nan"), rv.world_size,
+        backend, previous.attempts if previous else rv.restart_count, start, steps_lost, total_failures, str(cfg.out),
+    )
+
+
+def _record_resume(
+    writer: RankWriter, start: int, load_time: float, previous: PreviousAttempt | None, rv: Rendezvous
+) -> int:
+    if start == 0 and previous is None:
+        return 0
+    last = previous.last_step if previous else -1
+    lost = last + 1 - start if last >= 0 else -1
+    downtime = time.time() - previous.last_end_time if previous and previous.last_end_time == previous.last_end_time else float("nan")
+    writer.event(
+        "resumed",
+        f"restart_step={start} steps_lost={lost} last_step_before={last} recovery_time_s={downtime:.3f} "
+        f"load_time_s={load_time:.3f} attempt={writer.attempt}",
+    )
+    writer.pending_attrs.update(steps_lost=lost, recovery_time=downtime)
+    return lost
+
+
+def _start_sampler(nvml: Any, gpu: tel.GpuInfo | None, interval: float, writer: RankWriter) -> tel.NvmlSampler | None:
+    if nvml is None or gpu is None:
+        return None
+    try:
+        sampler = tel.NvmlSampler(nvml, gpu.index, interval)
+    except Exception as exc:  # an NVML that cannot open the device leaves the run without samples
+        writer.event("telemetry_unavailable", f"NVML device {gpu.index}: {exc}")
+        return None
+    sampler.start()
+    return sampler
+
+
+def _drain_sampler(sampler: tel.NvmlSampler | None, writer: RankWriter) -> None:
+    if sampler is None:
+        return
+    samples, events = sampler.drain()
+    for when, values in samples:
+        writer.telemetry(when, values)
+    for when, kind, detail in events:
+        writer.event(kind, detail, when)
+
+
+def _train_loop(
+    cfg: ProbeConfig,
+    rv: Rendezvous,
+    trainer: Any,
+    writer: RankWriter,
+    checkpointer: ckpt.Checkpointer | None,
+    sampler: tel.NvmlSampler | None,
+    start: int,
+) -> list[float]:
+    times: list[float] = []
+    t_run = time.perf_counter()
+    for step in range(start, cfg.steps):
+        t_start = time.time()
+        t0 = time.perf_counter()
+        st = trainer.step(step)
+        ckpt_time = 0.0
+        if checkpointer is not None and (step + 1) % cfg.ckpt_every == 0 and step + 1 < cfg.steps:
+            t1 = time.perf_counter()
+            checkpointer.start(step + 1, lambda: ckpt.cpu_copy(trainer.state()))
+            ckpt_time = time.perf_counter() - t1
+        step_time = time.perf_counter() - t0
+        writer.append_step(StepRecord(step, t_start, step_time, st.compute, st.comm, st.optimizer, st.data, ckpt_time))
+        times.append(step_time)
+        if checkpointer is not None:
+            for when, kind, detail in checkpointer.poll():
+                writer.event(kind, detail, when)
+        _drain_sampler(sampler, writer)
+        if rv.rank == 0 and cfg.progress_every > 0 and (step + 1) % cfg.progress_every == 0:
+            _progress(step, cfg.steps, times[-cfg.progress_every :], st, time.perf_counter() - t_run)
+    return times
+
+
+def _progress(step: int, total: int, recent: list[float], st: Any, elapsed: float) -> None:
+    print(
+        f"probe: step {step + 1}/{total} step_time median {1e3 * statistics.median(recent):.1f} ms "
+        f"(compute {1e3 * st.compute:.1f}, comm {1e3 * st.comm:.1f}, optimizer {1e3 * st.optimizer:.1f} ms) "
+        f"loss {st.loss:.3f} elapsed {elapsed:.1f} s",
+        flush=True,
+    )
+
+
+def _finish_checkpoints(checkpointer: ckpt.Checkpointer | None, writer: RankWriter, cfg: ProbeConfig) -> int:
+    if checkpointer is None:
+        return 0
+    checkpointer.wait(min(cfg.ckpt_timeout, 30.0))
+    for when, kind, detail in checkpointer.poll():
+        writer.event(kind, detail, when)
+    return checkpointer.failures
+
+
+def _sum_over_ranks(value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def _close(writer: RankWriter, sampler: tel.NvmlSampler | None, final: dict[str, Any]) -> None:
+    if sampler is not None:
+        sampler.stop()
+        _drain_sampler(sampler, writer)
+    writer.close(writer.pending_attrs | final)
+
+
+def _run_allreduce(
+    cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None
+) -> Summary:
+    from slurm_chaos.probe.workload import allreduce_size, message_sizes
+
+    max_bytes = cfg.max_bytes or (2**26 if device.type == "cuda" else 2**22)
+    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0}
+    writer, _ = _open_writer(cfg, rv, attrs, fresh=True, allreduce=True)
+    _numa_event(writer, host, gpu)
+    rows, times, step = [], [], 0
+    try:
+        for nbytes in message_sizes(cfg.min_bytes, max_bytes):
+            r = allreduce_size(nbytes, cfg.steps, cfg.warmup, device, rv.world_size)
+            rows.append((r.size_bytes, r.time, r.algbw, r.busbw))
+            t = time.time() - sum(r.iteration_times)  # the sweep just ended: walk back to each start
+            for dt in r.iteration_times:
+                writer.append_step(StepRecord(step, t, dt, comm_time=dt))
+                t += dt
+                step += 1
+            times.extend(r.iteration_times)
+            _say(rv.rank, f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
+                 f"busbw {r.busbw:7.3f} GB/s")
+    except (RuntimeError, OSError) as exc:
+        _close(writer, None, {"exit_reason": f"collective failed: {exc}"[:500]})
+        raise PeerLost(f"rank {rv.rank} on {host.host}: all_reduce failed (peer dead or unreachable): {exc}") from exc
+    writer.allreduce_rows(rows)
+    _close(writer, None, {"exit_reason": "done", "steps_completed": step})
+    return Summary(
+        cfg.mode, rv.rank, step, step - 1, statistics.median(times) if times else float("nan"), rv.world_size, backend,
+        rv.restart_count, 0, 0, 0, str(cfg.out), max((r[3] for r in rows), default=float("nan")),
+    )
+
+
+def summary_json(summary: Summary) -> dict[str, Any]:
+    """The summary as JSON-ready data: NaN (nothing measured) becomes null."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in asdict(summary).items()}

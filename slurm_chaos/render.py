@@ -1,0 +1,101 @@
+"""Render the sbatch scripts of an experiment from the Jinja templates in `sbatch_templates/`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from slurm_chaos import __version__
+from slurm_chaos.errors import UsageError
+from slurm_chaos.experiment import Experiment
+from slurm_chaos.site import Site
+
+ROLES = ("baseline", "fault")
+
+
+def templates_dir() -> Path:
+    """$SLURM_CHAOS_TEMPLATES, the source tree's sbatch_templates/, or the installed copy."""
+    candidates = [
+        os.environ.get("SLURM_CHAOS_TEMPLATES"),
+        str(Path(__file__).resolve().parent.parent / "sbatch_templates"),
+        str(Path(sys.prefix) / "share" / "slurm-chaos" / "sbatch_templates"),
+    ]
+    for c in candidates:
+        if c and (Path(c) / "baseline.sbatch.j2").is_file():
+            return Path(c)
+    raise UsageError("cannot find sbatch_templates/ (set SLURM_CHAOS_TEMPLATES)")
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    role: str
+    script: Path
+    job_dir: Path
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - shell scripts, values are quoted with shquote
+    )
+    env.filters["shquote"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def check_limits(site: Site, experiment: Experiment) -> None:
+    """Refuse an experiment the site's safety limits do not allow, before anything is written."""
+    if experiment.nodes > site.safety.max_nodes:
+        raise UsageError(
+            f"experiment {experiment.name} asks for {experiment.nodes} nodes; "
+            f"{site.path}: safety.max_nodes is {site.safety.max_nodes}"
+        )
+    if site.slurm.partition not in site.safety.allowed_partitions:
+        raise UsageError(f"{site.path}: slurm.partition {site.slurm.partition!r} is not in safety.allowed_partitions")
+    if experiment.nodes > len(site.partition_nodes):
+        raise UsageError(
+            f"experiment {experiment.name} asks for {experiment.nodes} nodes; partition "
+            f"{site.slurm.partition} has {len(site.partition_nodes)}"
+        )
+
+
+def render_job(site: Site, experiment: Experiment, role: str, job_dir: Path, run_id: str) -> str:
+    """The text of one sbatch script (role 'baseline' or 'fault')."""
+    if role not in ROLES:
+        raise ValueError(role)
+    template = _environment().get_template(f"{role}.sbatch.j2")
+    ckpt_dir = Path(site.checkpoint.path) / run_id / experiment.name / role
+    return template.render(
+        site=site,
+        experiment=experiment,
+        role=role,
+        run_id=run_id,
+        version=__version__,
+        job_dir=str(job_dir),
+        ckpt_dir=str(ckpt_dir),
+        nodes=experiment.nodes,
+        tasks_per_node=experiment.tasks_per_node or site.probe.tasks_per_node,
+        steps=experiment.steps or site.probe.steps,
+        nccl_env=site.nccl_env,
+        fault_spec=experiment.fault.spec if role == "fault" else None,
+    )
+
+
+def render_experiment(site: Site, experiment: Experiment, out: Path, run_id: str) -> list[RenderedJob]:
+    """Write baseline.sbatch and fault.sbatch under `out` (a dry run: nothing is submitted)."""
+    check_limits(site, experiment)
+    jobs = []
+    for role in ROLES:
+        job_dir = out / role
+        job_dir.mkdir(parents=True, exist_ok=True)
+        script = out / f"{role}.sbatch"
+        script.write_text(render_job(site, experiment, role, job_dir.resolve(), run_id))
+        script.chmod(0o755)
+        jobs.append(RenderedJob(role, script, job_dir))
+    return jobs

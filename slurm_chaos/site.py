@@ -1,0 +1,288 @@
+"""Site configuration: a YAML file describing one cluster, validated against a JSON schema.
+
+Errors name the file, the key (as a dotted path) and what was expected, and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from slurm_chaos.errors import ConfigError
+from slurm_chaos.hostlist import expand_hostlist
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "site.schema.json"
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    numa_node: int
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Rack:
+    name: str
+    switch: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str
+    conf: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    time_limit: str = "00:30:00"
+    backend: str = "auto"
+    plugstack_conf: str | None = None
+    hooks_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeHardware:
+    cpus: int
+    numa_nodes: int = 1
+    gpus_per_node: int = 0
+    gpus: tuple[GPU, ...] = ()
+    interface: str = "eth0"
+    hca: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    python: str = "python3"
+    model_size: str = "tiny"
+    steps: int = 200
+    tasks_per_node: int = 1
+    mpi: str = "none"
+    progress_every: int = 50
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: str
+    every: int = 20
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    prometheus: str | None = None
+    alertmanager: str | None = None
+    healthcheck_signals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Safety:
+    allowed_partitions: tuple[str, ...]
+    max_nodes: int
+    allowed_users: tuple[str, ...] = ()
+    allowed_accounts: tuple[str, ...] = ()
+    allowed_reservations: tuple[str, ...] = ()
+    require_exclusive: bool = True
+
+
+@dataclass(frozen=True)
+class Site:
+    """One cluster as slurm-chaos sees it."""
+
+    path: Path
+    cluster: str
+    slurm: SlurmOptions
+    partitions: dict[str, tuple[str, ...]]
+    racks: tuple[Rack, ...]
+    nodes: NodeHardware
+    checkpoint: Checkpoint
+    safety: Safety
+    probe: ProbeOptions = field(default_factory=ProbeOptions)
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    monitoring: Monitoring = field(default_factory=Monitoring)
+    sandbox: str | None = None
+    description: str = ""
+
+    def slurm_env(self) -> dict[str, str]:
+        """Environment that points Slurm commands at this cluster."""
+        return {"SLURM_CONF": self.slurm.conf} if self.slurm.conf else {}
+
+    def switch_of(self, node: str) -> str | None:
+        return next((r.switch for r in self.racks if node in r.nodes), None)
+
+    @property
+    def partition_nodes(self) -> tuple[str, ...]:
+        return self.partitions[self.slurm.partition]
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+    return data
+
+
+def _key(path: Any) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _describe(err: jsonschema.ValidationError) -> tuple[str, str]:
+    """(dotted key, problem) in words a site admin understands."""
+    key = _key(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        allowed = ", ".join(sorted(err.schema.get("properties", {}))) or "none"
+        name = f"{key}.{extra[0]}" if key and extra else (extra[0] if extra else key)
+        return name, f"unknown key (allowed here: {allowed})"
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else err.message
+        return (f"{key}.{missing}" if key else missing), "required key is missing"
+    if err.validator == "type":
+        return key, f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
+    if err.validator == "enum":
+        return key, f"expected one of {err.validator_value}, got {err.instance!r}"
+    return key, err.message
+
+
+def _substitute(raw: str, path: Path, sandbox: str | None) -> str:
+    """Expand ${sandbox_*} placeholders when the site describes a running sandbox."""
+    if "${" not in raw:
+        return raw
+    values: dict[str, str] = {}
+    if sandbox:
+        from slurm_chaos.sandbox.layout import Layout
+
+        layout = Layout.load(sandbox)
+        if layout is None:
+            raise ConfigError(
+                str(path), "sandbox", f"sandbox {sandbox!r} is not up (run 'slurm-chaos sandbox up --name {sandbox}')"
+            )
+        values = {
+            "sandbox_root": str(layout.root),
+            "sandbox_shared": str(layout.shared_dir),
+            "sandbox_slurm_conf": str(layout.slurm_conf),
+            "sandbox_etc": str(layout.etc),
+            "prometheus_port": str(layout.prometheus_port),
+            "alertmanager_port": str(layout.alertmanager_port),
+            "reservation": layout.reservation,
+        }
+    try:
+        return string.Template(raw).substitute(values)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(str(path), "", f"unknown placeholder {exc} (known: {', '.join(sorted(values))})") from exc
+
+
+def _sandbox_name(raw: str) -> str | None:
+    """The sandbox a site file describes; $SLURM_CHAOS_SANDBOX overrides it (tests use their own)."""
+    override = os.environ.get("SLURM_CHAOS_SANDBOX")
+    try:
+        data = yaml.safe_load(raw.replace("${", "$_{"))
+    except yaml.YAMLError:
+        return None
+    name = data.get("sandbox") if isinstance(data, dict) else None
+    if not isinstance(name, str):
+        return None
+    return override or name
+
+
+def load_site(path: Path | str) -> Site:
+    """Read and validate a site config; raises ConfigError naming the file and the key."""
+    path = Path(path)
+    try:
+        raw = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read site config: {exc.strerror}") from exc
+    raw = _substitute(raw, path, _sandbox_name(raw))
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(str(path), "", f"malformed YAML: {where}{getattr(exc, 'problem', exc)}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "expected a mapping at the top level")
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), _key(e.absolute_path)))
+    if errors:
+        key, problem = _describe(errors[0])
+        raise ConfigError(str(path), key, problem)
+    return _build(path, data)
+
+
+def _nodes(path: Path, key: str, expr: str) -> tuple[str, ...]:
+    try:
+        return tuple(expand_hostlist(expr))
+    except ValueError as exc:
+        raise ConfigError(str(path), key, f"bad node list {expr!r}: {exc}") from exc
+
+
+def _build(path: Path, d: dict[str, Any]) -> Site:
+    partitions = {name: _nodes(path, f"partitions.{name}.nodes", p["nodes"]) for name, p in d["partitions"].items()}
+    slurm = SlurmOptions(**d["slurm"])
+    if slurm.partition not in partitions:
+        raise ConfigError(
+            str(path), "slurm.partition", f"unknown partition {slurm.partition!r} (known: {', '.join(partitions)})"
+        )
+    racks = tuple(
+        Rack(name, r["switch"], _nodes(path, f"racks.{name}.nodes", r["nodes"])) for name, r in d["racks"].items()
+    )
+    all_nodes = {n for members in partitions.values() for n in members}
+    for rack in racks:
+        stray = sorted(set(rack.nodes) - all_nodes)
+        if stray:
+            raise ConfigError(str(path), f"racks.{rack.name}.nodes", f"nodes {stray} are in no partition")
+    safety = Safety(
+        allowed_partitions=tuple(d["safety"]["allowed_partitions"]),
+        max_nodes=d["safety"]["max_nodes"],
+        allowed_users=tuple(d["safety"].get("allowed_users", ())),
+        allowed_accounts=tuple(d["safety"].get("allowed_accounts", ())),
+        allowed_reservations=tuple(d["safety"].get("allowed_reservations", ())),
+        require_exclusive=d["safety"].get("require_exclusive", True),
+    )
+    for i, part in enumerate(safety.allowed_partitions):
+        if part not in partitions:
+            raise ConfigError(str(path), f"safety.allowed_partitions.{i}", f"unknown partition {part!r}")
+    if slurm.reservation and safety.allowed_reservations and slurm.reservation not in safety.allowed_reservations:
+        raise ConfigError(
+            str(path), "slurm.reservation", f"{slurm.reservation!r} is not in safety.allowed_reservations"
+        )
+    hw = dict(d["nodes"])
+    hw["gpus"] = tuple(GPU(**g) for g in hw.get("gpus", ()))
+    hw["hca"] = tuple(hw.get("hca", ()))
+    nodes = NodeHardware(**hw)
+    if nodes.gpus and len(nodes.gpus) != nodes.gpus_per_node:
+        raise ConfigError(
+            str(path), "nodes.gpus", f"lists {len(nodes.gpus)} GPUs but nodes.gpus_per_node is {nodes.gpus_per_node}"
+        )
+    for i, gpu in enumerate(nodes.gpus):
+        if gpu.numa_node >= nodes.numa_nodes:
+            raise ConfigError(
+                str(path), f"nodes.gpus.{i}.numa_node", f"{gpu.numa_node} but nodes.numa_nodes is {nodes.numa_nodes}"
+            )
+    mon = d.get("monitoring", {})
+    return Site(
+        path=path,
+        cluster=d["cluster"],
+        description=d.get("description", ""),
+        sandbox=_sandbox_name(yaml.safe_dump(d)),
+        slurm=slurm,
+        partitions=partitions,
+        racks=racks,
+        nodes=nodes,
+        checkpoint=Checkpoint(**d["checkpoint"]),
+        safety=safety,
+        probe=ProbeOptions(**d.get("probe", {})),
+        nccl_env={k: str(v) for k, v in d.get("nccl", {}).get("env", {}).items()},
+        monitoring=Monitoring(
+            prometheus=mon.get("prometheus"),
+            alertmanager=mon.get("alertmanager"),
+            healthcheck_signals=tuple(mon.get("healthcheck_signals", ())),
+        ),
+    )

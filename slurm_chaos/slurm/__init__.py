@@ -1,0 +1,19 @@
+"""Scheduler backend: one small interface to Slurm, over its CLI or pyslurm."""
+
+from __future__ import annotations
+
+from slurm_chaos.slurm.backend import Scheduler, make_scheduler
+from slurm_chaos.slurm.cli_backend import SlurmCLI
+from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo, SubmitRequest
+
+__all__ = [
+    "AcctRecord",
+    "JobInfo",
+    "JobState",
+    "NodeInfo",
+    "ReservationInfo",
+    "Scheduler",
+    "SlurmCLI",
+    "SubmitRequest",
+    "make_scheduler",
+]

@@ -1,0 +1,65 @@
+"""The one interface later stages use to talk to Slurm, whichever implementation is behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from slurm_chaos.runner import Runner
+from slurm_chaos.slurm.model import AcctRecord, JobInfo, NodeInfo, ReservationInfo
+
+
+class Scheduler(Protocol):
+    """Submit, watch and steer jobs and nodes; every method is one (or at most two) Slurm queries."""
+
+    def version(self) -> str:
+        """Installed Slurm version, e.g. `22.05.8`."""
+        ...
+
+    def submit(self, script: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+        """Submit a batch script with extra sbatch options (and job environment); return the job id."""
+        ...
+
+    def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+        """State of many jobs at once: live ones from the controller, finished ones from accounting."""
+        ...
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        """Cancel jobs (already finished ones are ignored)."""
+        ...
+
+    def requeue(self, job_ids: Iterable[str]) -> None:
+        """Requeue running jobs, as `scontrol requeue` does."""
+        ...
+
+    def nodes(self, names: Iterable[str] | None = None) -> dict[str, NodeInfo]:
+        """Node state and reason, for the named nodes or all of them."""
+        ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain a node (running jobs finish, no new ones start) with a reason."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """Return a drained or down node to service."""
+        ...
+
+    def reservation(self, name: str) -> ReservationInfo:
+        """One advanced reservation; SlurmError if it does not exist."""
+        ...
+
+    def accounting(self, job_ids: Iterable[str]) -> list[AcctRecord]:
+        """Every accounting record of the jobs: each run (requeues included) and its steps."""
+        ...
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        """Expand a Slurm hostlist such as `node[1-3,5]`."""
+        ...
+
+
+def make_scheduler(env: Mapping[str, str], runner: Runner, timeout: float = 8.0) -> Scheduler:
+    """pyslurm when it imports and matches the installed Slurm (major.minor), else the CLI."""
+    from slurm_chaos.slurm.select import select_scheduler  # late: select imports the implementations
+
+    return select_scheduler(env, runner, timeout)

@@ -1,0 +1,188 @@
+"""What the scheduler backend hands to later stages: small frozen records, no Slurm text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+
+class JobState(str, Enum):
+    """A job's effective state as Slurm names it (squeue %T, sacct State)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    CONFIGURING = "CONFIGURING"
+    RESIZING = "RESIZING"
+    REVOKED = "REVOKED"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once this run of the job is over (a requeued job starts a new run)."""
+        return self in _TERMINAL
+
+    @classmethod
+    def parse(cls, text: str) -> JobState:
+        """Read one Slurm state word; sacct writes e.g. `CANCELLED by 0`, sinfo-style text may carry `+`."""
+        word = text.strip().split(" ", 1)[0].rstrip("+").upper()
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.UNKNOWN
+
+    @classmethod
+    def from_flags(cls, names: Iterable[str]) -> JobState:
+        """Effective state from a base state plus flags (24.11 `--json` lists both).
+
+        Same precedence as Slurm's own job_state_string(): a flag such as COMPLETING
+        or REQUEUED names the state before the base state does.
+        """
+        states = [cls.parse(n) for n in names]
+        for flag in _FLAG_PRECEDENCE:
+            if flag in states:
+                return flag
+        known = [s for s in states if s is not cls.UNKNOWN]
+        return known[0] if known else cls.UNKNOWN
+
+
+_TERMINAL = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.CANCELLED,
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.PREEMPTED,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+        JobState.OUT_OF_MEMORY,
+        JobState.REVOKED,
+    }
+)
+
+_FLAG_PRECEDENCE = (
+    JobState.COMPLETING,
+    JobState.STAGE_OUT,
+    JobState.CONFIGURING,
+    JobState.RESIZING,
+    JobState.REQUEUED,
+    JobState.REQUEUE_FED,
+    JobState.REQUEUE_HOLD,
+    JobState.SPECIAL_EXIT,
+    JobState.STOPPED,
+    JobState.REVOKED,
+    JobState.RESV_DEL_HOLD,
+    JobState.SIGNALING,
+)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as the controller (or accounting, once it is gone) reports it."""
+
+    job_id: str
+    name: str
+    state: JobState
+    reason: str = ""
+    nodes: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    restarts: int = 0
+    submit_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    partition: str = ""
+    reservation: str = ""
+    state_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node: its state words (e.g. {"IDLE", "DRAIN"}), why it is not usable, where it is."""
+
+    name: str
+    state: frozenset[str]
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: datetime | None = None
+    features: tuple[str, ...] = ()
+    address: str = ""
+    hostname: str = ""
+
+    @property
+    def drain(self) -> bool:
+        """Drain was requested (drained or still draining)."""
+        return "DRAIN" in self.state
+
+    @property
+    def drained(self) -> bool:
+        """Drain requested and no job left on the node (sinfo says `drained`)."""
+        return self.drain and not self.state & {"ALLOCATED", "MIXED", "COMPLETING"}
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    """An advanced reservation, e.g. the maintenance window campaigns run in."""
+
+    name: str
+    nodes: tuple[str, ...]
+    users: tuple[str, ...] = ()
+    accounts: tuple[str, ...] = ()
+    flags: frozenset[str] = frozenset()
+    start: datetime | None = None
+    end: datetime | None = None
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class AcctRecord:
+    """One accounting record: a job run (step is None) or one of its steps.
+
+    A requeued job has one job record per run; `requeues` counts the runs before this one.
+    """
+
+    job_id: str
+    step: str | None
+    name: str
+    state: JobState
+    exit_code: int | None = None
+    signal: int | None = None
+    nodes: tuple[str, ...] = ()
+    elapsed_s: int = 0
+    requeues: int = 0
+    submit_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    partition: str = ""
+    reservation: str = ""
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What to hand to sbatch: a script, extra sbatch options, extra job environment."""
+
+    script: Path
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,605 @@
+/*
+ * plugin.c - slurm-chaos SPANK plugin: --chaos=SPEC for srun/sbatch/salloc (or env SLURM_CHAOS).
+ *
+ * Dispatch on spank_context():
+ *   local/allocator (srun, sbatch, salloc): validate the SPEC and the policy facts known at
+ *     submission (who submits); refuse with a clear message before anything starts; pass the
+ *     canonical SPEC to the prolog/epilog as SPANK_SLURM_CHAOS.
+ *   remote (slurmstepd): decide the policy with every fact (user, account, partition,
+ *     reservation, exclusivity), journal the planned task-level changes (as root, before
+ *     anything changes), then apply them: NCCL and SLURM_CHAOS_* environment in user_init,
+ *     CPU affinity and memory policy for numa-mismatch in task_init.
+ * Node-level and controller faults (netem, gpu-*, node-drain...) are applied by the prolog
+ * hooks from SPANK_SLURM_CHAOS; this plugin only describes them to the tasks.
+ *
+ * Parsing lives in parse.c (no spank.h), so it is unit-tested and fuzzed on its own.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>             /* spank.h uses uint32_t but does not include stdint.h */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+#include "parse.h"
+
+SPANK_PLUGIN(slurm_chaos, 1);
+
+#define PFX "slurm-chaos: "
+#define ENV_SPEC "SLURM_CHAOS"          /* env form of --chaos, read by srun/sbatch and stepd */
+#define ERR_MAX (3 * CHAOS_SPEC_MAX)
+#define MPOL_BIND_MODE 2                /* MPOL_BIND from <numaif.h>, without libnuma */
+#define BATCH_STEP 0xfffffffbU
+#define EXTERN_STEP 0xfffffffcU
+#define INTERACTIVE_STEP 0xfffffffaU
+
+static struct chaos_config cfg;
+static struct chaos_spec spec;
+static int have_spec;
+static char spec_text[2 * CHAOS_SPEC_MAX];      /* canonical SPEC */
+static char err[ERR_MAX];
+
+static int chaos_opt_cb(int val, const char *optarg, int remote);
+
+static struct spank_option chaos_options[] = {
+	{ "chaos", "SPEC",
+	  "Inject faults (slurm-chaos): SPEC = NAME[:KEY=VALUE[,KEY=VALUE...]] joined by '+'; "
+	  "'slurm-chaos faults' lists them. Environment form: SLURM_CHAOS=SPEC.",
+	  1, 0, chaos_opt_cb },
+	SPANK_OPTIONS_TABLE_END
+};
+
+/* --- SPEC intake ------------------------------------------------------------------------- */
+
+static int accept_spec(const char *text, int remote)
+{
+	if (chaos_parse_spec(text, &spec, err, sizeof(err))) {
+		/* In srun/sbatch slurm_error reaches the user's terminal: that is the refusal. */
+		slurm_error(PFX "%s", err);
+		have_spec = 0;
+		return -1;
+	}
+	if (chaos_format_spec(&spec, spec_text, sizeof(spec_text)) < 0) {
+		slurm_error(PFX "SPEC too long once canonical");
+		return -1;
+	}
+	have_spec = 1;
+	if (remote)
+		slurm_debug(PFX "SPEC %s", spec_text);
+	return 0;
+}
+
+static int chaos_opt_cb(int val, const char *optarg, int remote)
+{
+	return accept_spec(optarg, remote);
+}
+
+/* --- facts about the job ----------------------------------------------------------------- */
+
+static const char *user_name(uid_t uid, char *buf, size_t len)
+{
+	struct passwd pw, *res = NULL;
+
+	if (getpwuid_r(uid, &pw, buf, len, &res) || !res)
+		return NULL;
+	return res->pw_name;
+}
+
+static const char *remote_env(spank_t sp, const char *name, char *buf, int len)
+{
+	return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS && buf[0] ? buf : NULL;
+}
+
+static int read_cpulist(const char *path, uint64_t *mask, size_t nwords)
+{
+	char buf[4096];
+	FILE *fp = fopen(path, "re");
+	int n = -1;
+
+	if (!fp)
+		return -1;
+	if (fgets(buf, sizeof(buf), fp))
+		n = chaos_parse_cpulist(buf, mask, nwords);
+	fclose(fp);
+	return n;
+}
+
+/* Physical cores on this node: online CPUs divided by the threads of cpu0's core. */
+static int node_cores(void)
+{
+	uint64_t m[CHAOS_MAX_CPUS / 64];
+	int cpus = read_cpulist("/sys/devices/system/cpu/online", m, CHAOS_MAX_CPUS / 64);
+	int threads = read_cpulist("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list", m,
+				   CHAOS_MAX_CPUS / 64);
+
+	if (cpus <= 0)
+		return -1;
+	return threads > 0 ? cpus / threads : cpus;
+}
+
+/* 1 if the job holds every core of this node, 0 if not, -1 if unknown. */
+static int job_exclusive(spank_t sp)
+{
+	uint64_t m[CHAOS_MAX_CPUS / 64];
+	char *cores = NULL;
+	int have, total = node_cores();
+
+	if (spank_get_item(sp, S_JOB_ALLOC_CORES, &cores) != ESPANK_SUCCESS || !cores || total <= 0)
+		return -1;
+	have = chaos_parse_cpulist(cores, m, CHAOS_MAX_CPUS / 64);
+	if (have < 0)
+		return -1;
+	return have >= total;
+}
+
+static void step_name(uint32_t step, char *buf, size_t len)
+{
+	if (step == BATCH_STEP)
+		snprintf(buf, len, "batch");
+	else if (step == EXTERN_STEP)
+		snprintf(buf, len, "extern");
+	else if (step == INTERACTIVE_STEP)
+		snprintf(buf, len, "interactive");
+	else
+		snprintf(buf, len, "%u", step);
+}
+
+struct step_ids {
+	uint32_t job;
+	char step[32];
+};
+
+static void get_ids(spank_t sp, struct step_ids *ids)
+{
+	uint32_t step = 0;
+
+	ids->job = 0;
+	spank_get_item(sp, S_JOB_ID, &ids->job);
+	spank_get_item(sp, S_JOB_STEPID, &step);
+	step_name(step, ids->step, sizeof(ids->step));
+}
+
+/* --- journal ----------------------------------------------------------------------------- */
+
+static int mkdir_p(const char *dir)
+{
+	char path[CHAOS_PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s", dir);
+	for (char *p = path + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(path, 0755) && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	return (mkdir(path, 0755) && errno != EEXIST) ? -1 : 0;
+}
+
+/*
+ * One JSON line in journal_dir/<jobid>.jsonl, written before the change it describes.
+ * Rollback (epilog, watchdog, `slurm-chaos cleanup`) reads these; task-level changes die
+ * with the task, which the line says with "undo": "none".
+ */
+static int journal(const struct step_ids *ids, const char *fault, const char *action,
+		   const char *detail)
+{
+	char path[CHAOS_PATH_MAX + 32], host[256] = "?", line[8192];
+	char jfault[256], jaction[256], jdetail[4096], jhost[600], jspec[2 * CHAOS_SPEC_MAX + 64];
+	struct timespec ts;
+	int fd, n;
+	ssize_t w;
+
+	gethostname(host, sizeof(host) - 1);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	if (chaos_json_string(fault, jfault, sizeof(jfault)) ||
+	    chaos_json_string(action, jaction, sizeof(jaction)) ||
+	    chaos_json_string(detail, jdetail, sizeof(jdetail)) ||
+	    chaos_json_string(host, jhost, sizeof(jhost)) ||
+	    chaos_json_string(spec_text, jspec, sizeof(jspec)))
+		return -1;
+	n = snprintf(line, sizeof(line),
+		     "{\"v\": 1, \"time\": %lld.%06ld, \"source\": \"spank\", \"job\": %u, \"step\": \"%s\", "
+		     "\"node\": %s, \"pid\": %ld, \"fault\": %s, \"action\": %s, \"detail\": %s, "
+		     "\"undo\": \"none\", \"note\": \"dies with the task: nothing to undo\", \"spec\": %s}\n",
+		     (long long)ts.tv_sec, ts.tv_nsec / 1000, ids->job, ids->step, jhost, (long)getpid(),
+		     jfault, jaction, jdetail, jspec);
+	if (n < 0 || (size_t)n >= sizeof(line))
+		return -1;
+	if (mkdir_p(cfg.journal_dir))
+		return -1;
+	snprintf(path, sizeof(path), "%s/%u.jsonl", cfg.journal_dir, ids->job);
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0)
+		return -1;
+	w = write(fd, line, (size_t)n);     /* one write with O_APPEND: lines never interleave */
+	close(fd);
+	return w == n ? 0 : -1;
+}
+
+/* --- what each task-level fault changes ----------------------------------------------------- */
+
+struct env_change {
+	const char *name;
+	char value[CHAOS_VALUE_MAX];
+};
+
+static int is_off(const struct chaos_request *r, const char *key)
+{
+	const struct chaos_value *v = chaos_get(r, key);
+
+	return v && !strcmp(v->text, "off");
+}
+
+/* NCCL variables for nccl-degrade; returns how many were filled in. */
+static int nccl_env(const struct chaos_request *r, struct env_change *out)
+{
+	const struct chaos_value *v;
+	int n = 0;
+
+	if (is_off(r, "ib"))
+		out[n++] = (struct env_change){ "NCCL_IB_DISABLE", "1" };
+	if (is_off(r, "p2p"))
+		out[n++] = (struct env_change){ "NCCL_P2P_DISABLE", "1" };
+	if (is_off(r, "shm"))
+		out[n++] = (struct env_change){ "NCCL_SHM_DISABLE", "1" };
+	if (is_off(r, "gdr"))
+		out[n++] = (struct env_change){ "NCCL_NET_GDR_LEVEL", "LOC" };
+	if ((v = chaos_get(r, "hca"))) {
+		out[n] = (struct env_change){ "NCCL_IB_HCA", "" };
+		snprintf(out[n].value, sizeof(out[n].value), "%s", v->text);
+		for (char *p = out[n].value; *p; p++)
+			if (*p == '/')
+				*p = ',';   /* '/' separates HCAs in a SPEC, ',' in NCCL */
+		n++;
+	}
+	if ((v = chaos_get(r, "channels"))) {
+		out[n] = (struct env_change){ "NCCL_MAX_NCHANNELS", "" };
+		snprintf(out[n].value, sizeof(out[n].value), "%s", v->text);
+		n++;
+	}
+	return n;
+}
+
+static void describe_nccl(const struct chaos_request *r, char *buf, size_t len)
+{
+	struct env_change ch[8];
+	int n = nccl_env(r, ch);
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < n && used < len; i++)
+		used += (size_t)snprintf(buf + used, len - used, "%s%s=%s", i ? " " : "", ch[i].name,
+					 ch[i].value);
+}
+
+/* --- remote (slurmstepd) ---------------------------------------------------------------------- */
+
+static int remote_policy(spank_t sp, const struct step_ids *ids)
+{
+	char pwbuf[4096], acct[256], part[256], resv[256];
+	struct chaos_job_facts f = { 0 };
+
+	spank_get_item(sp, S_JOB_UID, &f.uid);
+	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
+	f.account = remote_env(sp, "SLURM_JOB_ACCOUNT", acct, sizeof(acct));
+	f.partition = remote_env(sp, "SLURM_JOB_PARTITION", part, sizeof(part));
+	f.reservation = remote_env(sp, "SLURM_JOB_RESERVATION", resv, sizeof(resv));
+	f.exclusive = job_exclusive(sp);
+	if (chaos_policy_check(&cfg, &f, 1, err, sizeof(err))) {
+		slurm_error(PFX "job %u.%s: refused --chaos=%s: %s", ids->job, ids->step, spec_text, err);
+		return -1;
+	}
+	return 0;
+}
+
+static int remote_journal_plan(const struct step_ids *ids)
+{
+	char detail[2048];
+
+	for (size_t i = 0; i < spec.n; i++) {
+		const struct chaos_request *r = &spec.req[i];
+		const char *where = r->def->where;
+
+		if (!strcmp(r->def->name, "nccl-degrade")) {
+			describe_nccl(r, detail, sizeof(detail));
+			if (journal(ids, r->def->name, "task-env", detail))
+				return -1;
+		} else if (!strcmp(r->def->name, "numa-mismatch")) {
+			if (journal(ids, r->def->name, "task-affinity",
+				    "sched_setaffinity/set_mempolicy of each task"))
+				return -1;
+		} else {
+			slurm_info(PFX "job %u.%s: %s acts on %s: left to the %s", ids->job, ids->step,
+				   r->def->name, where,
+				   !strcmp(where, "task_env") ? "task-side shim" : "prolog/epilog hooks");
+		}
+	}
+	/* SLURM_CHAOS_* describe the request to the tasks; also dies with the task. */
+	return journal(ids, "*", "task-env", "SLURM_CHAOS_SPEC, SLURM_CHAOS_FAULTS, SLURM_CHAOS_<FAULT>_<KEY>");
+}
+
+static int remote_post_opt(spank_t sp)
+{
+	struct step_ids ids;
+	char buf[CHAOS_SPEC_MAX + 1];
+
+	if (!have_spec && remote_env(sp, ENV_SPEC, buf, sizeof(buf)) && accept_spec(buf, 1))
+		return -1;
+	if (!have_spec)
+		return 0;       /* the common case: nothing asked, nothing touched */
+	get_ids(sp, &ids);
+	if (remote_policy(sp, &ids))
+		return -1;
+	slurm_info(PFX "job %u.%s: accepted --chaos=%s", ids.job, ids.step, spec_text);
+	if (remote_journal_plan(&ids)) {
+		slurm_error(PFX "job %u.%s: cannot write the journal in %s (%m): refusing to inject",
+			    ids.job, ids.step, cfg.journal_dir);
+		return -1;
+	}
+	return 0;
+}
+
+static int set_env(spank_t sp, const struct step_ids *ids, const char *name, const char *value)
+{
+	if (spank_setenv(sp, name, value, 1) != ESPANK_SUCCESS) {
+		slurm_error(PFX "job %u.%s: cannot set %s", ids->job, ids->step, name);
+		return -1;
+	}
+	slurm_info(PFX "job %u.%s: set %s=%s", ids->job, ids->step, name, value);
+	return 0;
+}
+
+static int describe_to_tasks(spank_t sp, const struct step_ids *ids)
+{
+	char names[512] = "", var[256];
+	size_t used = 0;
+
+	if (set_env(sp, ids, "SLURM_CHAOS_SPEC", spec_text))
+		return -1;
+	for (size_t i = 0; i < spec.n; i++) {
+		const struct chaos_request *r = &spec.req[i];
+
+		used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", i ? "," : "", r->def->name);
+		for (size_t k = 0; k < r->def->nkeys; k++) {
+			if (!r->values[k].set)
+				continue;
+			if (chaos_env_name(r->def->name, r->def->keys[k].name, var, sizeof(var)) ||
+			    set_env(sp, ids, var, r->values[k].text))
+				return -1;
+		}
+	}
+	return set_env(sp, ids, "SLURM_CHAOS_FAULTS", names);
+}
+
+/* user_init: once per step, before the tasks fork; the environment goes to every task. */
+static int remote_user_init(spank_t sp)
+{
+	const struct chaos_request *r;
+	struct env_change ch[8];
+	struct step_ids ids;
+
+	get_ids(sp, &ids);
+	if (describe_to_tasks(sp, &ids))
+		return -1;
+	if ((r = chaos_find(&spec, "nccl-degrade"))) {
+		int n = nccl_env(r, ch);
+
+		for (int i = 0; i < n; i++)
+			if (set_env(sp, &ids, ch[i].name, ch[i].value))
+				return -1;
+	}
+	return 0;
+}
+
+/* NUMA nodes with CPUs: fills masks, returns how many (node ids in ids[]). */
+static int numa_nodes(uint64_t (*masks)[CHAOS_MAX_CPUS / 64], int *ids, int max)
+{
+	DIR *d = opendir("/sys/devices/system/node");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d)) && n < max) {
+		char path[512];
+		int id;
+
+		if (sscanf(e->d_name, "node%d", &id) != 1)
+			continue;
+		snprintf(path, sizeof(path), "/sys/devices/system/node/%s/cpulist", e->d_name);
+		if (read_cpulist(path, masks[n], CHAOS_MAX_CPUS / 64) > 0)
+			ids[n++] = id;
+	}
+	closedir(d);
+	return n;
+}
+
+static int mask_has(const uint64_t *m, long cpu)
+{
+	return (m[cpu / 64] >> (cpu % 64)) & 1;
+}
+
+/* Mask of the last `count` online CPUs: every local task lands on the same few cores. */
+static int squeeze_mask(long count, uint64_t *out)
+{
+	uint64_t online[CHAOS_MAX_CPUS / 64];
+
+	if (read_cpulist("/sys/devices/system/cpu/online", online, CHAOS_MAX_CPUS / 64) <= 0)
+		return -1;
+	memset(out, 0, sizeof(online));
+	for (long c = CHAOS_MAX_CPUS - 1; c >= 0 && count > 0; c--)
+		if (mask_has(online, c)) {
+			out[c / 64] |= 1ULL << (c % 64);
+			count--;
+		}
+	return 0;
+}
+
+/* A NUMA node other than the one holding the task's first allowed CPU. */
+static int remote_numa_mask(const cpu_set_t *cur, uint64_t *out, int *node_out)
+{
+	static uint64_t masks[64][CHAOS_MAX_CPUS / 64];
+	int ids[64], n = numa_nodes(masks, ids, 64), local = 0;
+	long first = -1;
+
+	if (n < 2)
+		return -1;
+	for (long c = 0; c < CPU_SETSIZE && first < 0; c++)
+		if (CPU_ISSET(c, cur))
+			first = c;
+	for (int i = 0; i < n; i++)
+		if (first >= 0 && mask_has(masks[i], first))
+			local = i;
+	memcpy(out, masks[(local + 1) % n], sizeof(masks[0]));
+	*node_out = ids[(local + 1) % n];
+	return 0;
+}
+
+static int bind_memory(int node)
+{
+	unsigned long nodemask[1024 / (8 * sizeof(unsigned long))] = { 0 };
+
+	if (node < 0 || node >= 1024)
+		return -1;
+	nodemask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
+	return (int)syscall(SYS_set_mempolicy, MPOL_BIND_MODE, nodemask, 1024UL + 1);
+}
+
+static int apply_numa_mismatch(spank_t sp, const struct chaos_request *r)
+{
+	const struct chaos_value *mode = chaos_get(r, "mode"), *cpus = chaos_get(r, "cpus"),
+				 *mem = chaos_get(r, "mem");
+	uint64_t want[CHAOS_MAX_CPUS / 64];
+	char before[1024] = "?", after[1024] = "?";
+	uint64_t cur_mask[CHAOS_MAX_CPUS / 64] = { 0 };
+	struct step_ids ids;
+	uint32_t task = 0;
+	cpu_set_t cur, set;
+	int node = -1, remote = 0;
+
+	get_ids(sp, &ids);
+	spank_get_item(sp, S_TASK_GLOBAL_ID, &task);
+	CPU_ZERO(&cur);
+	sched_getaffinity(0, sizeof(cur), &cur);
+	for (long c = 0; c < CPU_SETSIZE && c < CHAOS_MAX_CPUS; c++)
+		if (CPU_ISSET(c, &cur))
+			cur_mask[c / 64] |= 1ULL << (c % 64);
+	chaos_format_cpulist(cur_mask, CHAOS_MAX_CPUS / 64, before, sizeof(before));
+	if (strcmp(mode->text, "squeeze") && remote_numa_mask(&cur, want, &node) == 0)
+		remote = 1;
+	else if (!strcmp(mode->text, "remote")) {
+		slurm_error(PFX "job %u.%s task %u: numa-mismatch mode=remote needs 2+ NUMA nodes",
+			    ids.job, ids.step, task);
+		return -1;
+	} else if (squeeze_mask(cpus->inum, want)) {
+		return -1;
+	}
+	CPU_ZERO(&set);
+	for (long c = 0; c < CPU_SETSIZE && c < CHAOS_MAX_CPUS; c++)
+		if (mask_has(want, c))
+			CPU_SET(c, &set);
+	chaos_format_cpulist(want, CHAOS_MAX_CPUS / 64, after, sizeof(after));
+	if (sched_setaffinity(0, sizeof(set), &set)) {
+		slurm_error(PFX "job %u.%s task %u: numa-mismatch: sched_setaffinity(%s): %m",
+			    ids.job, ids.step, task, after);
+		return -1;
+	}
+	slurm_info(PFX "job %u.%s task %u: numa-mismatch: CPUs %s -> %s (%s%s)", ids.job, ids.step,
+		   task, before, after, remote ? "remote NUMA node" : "squeeze",
+		   remote && !strcmp(mem->text, "on") ? ", memory bound too" : "");
+	if (remote && !strcmp(mem->text, "on") && bind_memory(node))
+		slurm_error(PFX "job %u.%s task %u: numa-mismatch: set_mempolicy(node %d): %m",
+			    ids.job, ids.step, task, node);
+	spank_setenv(sp, "SLURM_CHAOS_NUMA_MISMATCH_APPLIED", after, 1);
+	return 0;
+}
+
+/* --- local (srun) and allocator (sbatch/salloc) ---------------------------------------------- */
+
+static int local_post_opt(spank_t sp)
+{
+	char pwbuf[4096];
+	const char *env = getenv(ENV_SPEC);
+	struct chaos_job_facts f = { 0 };
+
+	if (!have_spec && env && *env && accept_spec(env, 0))
+		return -1;
+	if (!have_spec)
+		return 0;
+	f.uid = getuid();
+	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
+	/* Inside an allocation these are Slurm's own; otherwise the node decides. */
+	f.account = getenv("SLURM_JOB_ACCOUNT");
+	f.partition = getenv("SLURM_JOB_PARTITION");
+	f.reservation = getenv("SLURM_JOB_RESERVATION");
+	f.exclusive = -1;
+	if (chaos_policy_check(&cfg, &f, 0, err, sizeof(err))) {
+		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);
+		return -1;
+	}
+	/* The prolog/epilog hooks read it as SPANK_SLURM_CHAOS. */
+	if (spank_job_control_setenv(sp, ENV_SPEC, spec_text, 1) != ESPANK_SUCCESS)
+		slurm_verbose(PFX "could not pass the SPEC to the prolog (job control env)");
+	slurm_verbose(PFX "accepted --chaos=%s", spec_text);
+	return 0;
+}
+
+/* --- SPANK entry points ---------------------------------------------------------------------- */
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	if (chaos_parse_args(ac, av, &cfg, err, sizeof(err))) {
+		slurm_error(PFX "plugstack.conf: %s", err);
+		return -1;
+	}
+	for (size_t i = 0; chaos_options[i].name; i++)
+		if (spank_option_register(sp, &chaos_options[i]) != ESPANK_SUCCESS) {
+			slurm_error(PFX "cannot register option --%s", chaos_options[i].name);
+			return -1;
+		}
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	switch (spank_context()) {
+	case S_CTX_LOCAL:
+	case S_CTX_ALLOCATOR:
+		return local_post_opt(sp);
+	case S_CTX_REMOTE:
+		return remote_post_opt(sp);
+	default:
+		return 0;
+	}
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	if (!have_spec || spank_context() != S_CTX_REMOTE)
+		return 0;
+	return remote_user_init(sp);
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	const struct chaos_request *r;
+
+	if (!have_spec || spank_context() != S_CTX_REMOTE)
+		return 0;
+	if ((r = chaos_find(&spec, "numa-mismatch")))
+		return apply_numa_mismatch(sp, r);
+	return 0;
+}

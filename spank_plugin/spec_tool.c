@@ -1,0 +1,60 @@
+/*
+ * chaos-spec: run the C SPEC parser from the command line.
+ *
+ *   chaos-spec SPEC...        print the canonical SPEC, or "error: <message>" (exit 1)
+ *   chaos-spec -e SPEC        print the SLURM_CHAOS_* variables the plugin would set
+ *
+ * Used by the Python tests to hold parse.c and spec.py to the same grammar.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+
+#define ERR_MAX (3 * CHAOS_SPEC_MAX)
+
+static int print_env(const struct chaos_spec *spec)
+{
+	char name[256];
+
+	for (size_t i = 0; i < spec->n; i++) {
+		const struct chaos_request *r = &spec->req[i];
+
+		for (size_t k = 0; k < r->def->nkeys; k++) {
+			if (!r->values[k].set)
+				continue;
+			if (chaos_env_name(r->def->name, r->def->keys[k].name, name, sizeof(name)))
+				return 1;
+			printf("%s=%s\n", name, r->values[k].text);
+		}
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct chaos_spec spec;
+	static char err[ERR_MAX], out[2 * CHAOS_SPEC_MAX];
+	int env = argc > 1 && !strcmp(argv[1], "-e");
+	int rc = 0;
+
+	for (int i = 1 + env; i < argc; i++) {
+		if (chaos_parse_spec(argv[i], &spec, err, sizeof(err))) {
+			printf("error: %s\n", err);
+			rc = 1;
+			continue;
+		}
+		if (env) {
+			rc |= print_env(&spec);
+			continue;
+		}
+		if (chaos_format_spec(&spec, out, sizeof(out)) < 0) {
+			printf("error: canonical form too long\n");
+			rc = 1;
+			continue;
+		}
+		printf("%s\n", out);
+	}
+	return rc;
+}

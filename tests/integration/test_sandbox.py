@@ -1,0 +1,83 @@
+"""The sandbox itself: nodes in their own namespaces, topology, and a clean `down`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.sandbox import daemons
+from slurm_chaos.sandbox.cluster import Sandbox
+from slurm_chaos.sandbox.layout import Layout
+
+pytestmark = pytest.mark.sandbox
+
+
+def _slurm(env: dict[str, str], *argv: str) -> str:
+    return subprocess.run(list(argv), env=env, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def test_nodes_have_their_own_hostname_and_address(sandbox) -> None:  # type: ignore[no-untyped-def]
+    out = _slurm(sandbox.env, "srun", "-N4", "--ntasks-per-node=1", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
+    seen = dict(line.split() for line in out.strip().splitlines())
+    assert sorted(seen) == ["node1", "node2", "node3", "node4"]
+    assert len(set(seen.values())) == 4
+    assert all(addr.startswith("10.251.") for addr in seen.values())
+
+
+def test_topology_has_two_leaf_switches(sandbox) -> None:  # type: ignore[no-untyped-def]
+    out = _slurm(sandbox.env, "scontrol", "show", "topology")
+    assert "SwitchName=sw1" in out and "Nodes=node1,node2" in out
+    assert "SwitchName=sw2" in out and "Nodes=node3,node4" in out
+    assert sandbox.switches == {"sw1": ["node1", "node2"], "sw2": ["node3", "node4"]}
+
+
+def test_slots_for_hooks_and_plugins_are_configured(sandbox) -> None:  # type: ignore[no-untyped-def]
+    conf = _slurm(sandbox.env, "scontrol", "show", "config")
+    for key in ("HealthCheckProgram", "Prolog ", "Epilog ", "PlugStackConfig", "TopologyPlugin"):
+        line = next(ln for ln in conf.splitlines() if ln.startswith(key))
+        assert "(null)" not in line, line
+    res = _slurm(sandbox.env, "scontrol", "show", "reservation", sandbox.reservation)
+    assert "Nodes=node[1-4]" in res
+
+
+def test_sacct_sees_jobs_through_slurmdbd(sandbox) -> None:  # type: ignore[no-untyped-def]
+    jid = _slurm(sandbox.env, "sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wait", "--wrap", "true").strip()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        out = _slurm(sandbox.env, "sacct", "-n", "-X", "-P", "-j", jid, "-o", "JobID,State")
+        if "COMPLETED" in out:
+            break
+        time.sleep(0.5)
+    assert f"{jid}|COMPLETED" in out
+
+
+def test_second_sandbox_up_down_is_isolated_and_leaves_nothing(sandbox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A second, differently named sandbox comes up beside the first, under 60 s, and goes without trace."""
+    name = "iso" + str(os.getpid() % 1000)
+    sb = Sandbox(name)
+    t0 = time.monotonic()
+    layout = sb.up(nodes=2, install=False)
+    elapsed = time.monotonic() - t0
+    print(f"sandbox {name} up in {elapsed:.1f} s")
+    try:
+        assert elapsed < 60
+        first = Layout.load(sandbox.name)
+        assert first is not None
+        assert layout.bridge != first.bridge and layout.subnet != first.subnet
+        assert layout.ctld_port != first.ctld_port
+        out = _slurm({**os.environ, **layout.env()}, "srun", "-N2", "hostname")
+        assert sorted(out.split()) == ["node1", "node2"]
+        pids = [daemons.read_pid(d.pidfile) for d in sb.daemons(layout)]
+    finally:
+        sb.down()
+    assert all(not daemons.alive(p) for p in pids)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert f"slurm-chaos-{name}-" not in netns
+    links = subprocess.run(["ip", "link"], capture_output=True, text=True, check=True).stdout
+    assert layout.bridge not in links
+    # The first sandbox is untouched.
+    assert Sandbox(sandbox.name).is_up()

@@ -1,0 +1,174 @@
+"""Verdict rules and observations.json parsing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.analysis.model import (
+    Comparison,
+    Expectation,
+    FaultWindow,
+    Observation,
+    ObservationLog,
+    Stats,
+    Verdict,
+    load_observations,
+    observations_from_json,
+    write_observations,
+)
+from slurm_chaos.analysis.verdict import judge, signal_matches
+from slurm_chaos.errors import DataError
+
+T0 = 1_700_000_000.0
+STATS = Stats(500, 0.1, 0.11, 0.12)
+
+
+def comparison(regression: float, significant: bool, reason: str = "") -> Comparison:
+    return Comparison(STATS, STATS, regression, regression - 0.01, regression + 0.01, 1e-9 if significant else 0.5,
+                      significant, 50, 50, 4, inconclusive_reason=reason)
+
+
+SLOWED = comparison(0.2, True)
+FLAT = comparison(0.001, False)
+NOISY = comparison(0.03, False, "too noisy: ...")
+
+DETECT = Expectation(detect_signals=("alert_firing:GpuSlow", "node_drained"), detect_within_s=60.0)
+REMEDIATE = replace(DETECT, remediation=("drain", "requeue", "resume"), remediate_within_s=600.0, max_lost_steps=100)
+
+
+def log(expectation: Expectation, *observed: tuple[str, float], crashed: bool = False) -> ObservationLog:
+    return ObservationLog(FaultWindow(T0, T0 + 300), tuple(Observation(s, T0 + dt, "") for s, dt in observed),
+                          expectation, crashed=crashed)
+
+
+def test_passed_when_detected_in_time() -> None:
+    j = judge(SLOWED, log(DETECT, ("alert_firing:GpuSlow", 42.0)))
+    assert j.verdict is Verdict.PASSED
+    assert (j.detected_by, j.time_to_detect_s) == ("alert_firing:GpuSlow", 42.0)
+
+
+def test_blind_spot_when_slowdown_goes_undetected() -> None:
+    j = judge(SLOWED, log(DETECT, ("alert_firing:Other", 5.0)))
+    assert j.verdict is Verdict.BLIND_SPOT
+    assert "+20.0%" in j.reason
+
+
+def test_late_detection_is_a_blind_spot() -> None:
+    j = judge(SLOWED, log(DETECT, ("node_drained", 90.0)))
+    assert j.verdict is Verdict.BLIND_SPOT
+    assert "after 90 s, deadline 60 s" in j.reason
+    assert j.time_to_detect_s == 90.0
+
+
+def test_signals_before_the_fault_do_not_count() -> None:
+    assert judge(SLOWED, log(DETECT, ("node_drained", -10.0))).verdict is Verdict.BLIND_SPOT
+
+
+def test_no_effect_when_nothing_happened() -> None:
+    assert judge(FLAT, log(DETECT)).verdict is Verdict.NO_EFFECT
+
+
+def test_detection_proves_the_fault_took_even_without_slowdown() -> None:
+    assert judge(FLAT, log(DETECT, ("node_drained", 3.0))).verdict is Verdict.PASSED
+
+
+def test_inconclusive_when_too_noisy() -> None:
+    j = judge(NOISY, log(DETECT))
+    assert j.verdict is Verdict.INCONCLUSIVE
+    assert j.reason.startswith("too noisy")
+
+
+def test_crash_is_not_recovered() -> None:
+    j = judge(SLOWED, log(DETECT, ("node_drained", 1.0), crashed=True))
+    assert j.verdict is Verdict.NOT_RECOVERED
+
+
+def test_remediation_in_time_passes_and_is_timed() -> None:
+    j = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 200.0)),
+              lost_steps=20)
+    assert j.verdict is Verdict.PASSED
+    assert j.time_to_remediate_s == 200.0
+
+
+def test_missing_or_late_remediation_is_not_recovered() -> None:
+    missing = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0)))
+    assert missing.verdict is Verdict.NOT_RECOVERED and "'resume'" in missing.reason
+    late = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0),
+                             ("resumed_from_checkpoint", 900.0)))
+    assert late.verdict is Verdict.NOT_RECOVERED and "deadline 600 s" in late.reason
+
+
+def test_too_many_lost_steps_is_not_recovered() -> None:
+    j = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 60.0)),
+              lost_steps=101)
+    assert j.verdict is Verdict.NOT_RECOVERED and "lost 101 steps" in j.reason
+
+
+def test_undeclared_detection_and_a_slowdown_nobody_saw_is_a_blind_spot() -> None:
+    assert judge(SLOWED, log(Expectation())).verdict is Verdict.BLIND_SPOT
+    assert judge(SLOWED, log(Expectation(), ("alert_firing:Any", 5.0))).verdict is Verdict.PASSED
+
+
+def test_aa_experiment_passes() -> None:
+    assert judge(FLAT, log(Expectation(expect_regression=False))).verdict is Verdict.PASSED
+
+
+def test_expected_signal_without_slowdown_missing_is_a_blind_spot() -> None:
+    xid = Expectation(expect_regression=False, detect_signals=("gpu_xid",), detect_within_s=30.0)
+    assert judge(FLAT, log(xid)).verdict is Verdict.BLIND_SPOT
+    assert judge(FLAT, log(xid, ("gpu_xid", 2.0))).verdict is Verdict.PASSED
+
+
+def test_verdict_values_are_the_printed_words() -> None:
+    assert [v.value for v in Verdict] == ["PASSED", "BLIND SPOT", "NOT RECOVERED", "NO EFFECT", "INCONCLUSIVE"]
+
+
+@pytest.mark.parametrize(("observed", "wanted", "match"), [
+    ("node_drained", "node_drained", True),
+    ("alert_firing:GpuHot", "alert_firing", True),
+    ("alert_firing:GpuHot", "alert_firing:Gpu*", True),
+    ("alert_firing_x", "alert_firing", False),
+    ("job_requeued", "node_drained", False),
+])
+def test_signal_matching(observed: str, wanted: str, match: bool) -> None:
+    assert signal_matches(observed, wanted) is match
+
+
+def test_observations_round_trip(tmp_path: Path) -> None:
+    original = replace(log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 3.0)), fault="gpu-xid")
+    write_observations(tmp_path / "observations.json", original)
+    back = load_observations(tmp_path / "observations.json")
+    assert back.expectation == original.expectation
+    assert back.fault_window == original.fault_window and back.fault == "gpu-xid"
+    assert [o.signal for o in back.observations] == ["job_requeued", "node_drained"]  # sorted by time
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    ({"observations": []}, "fault_window"),
+    ({"fault_window": {"start": "soon"}}, "fault_window.start"),
+    ({"fault_window": {"start": 1.0}, "observations": [{"time": 2.0}]}, "observations[0].signal"),
+    ({"fault_window": {"start": 1.0}, "expectation": {"detect_within": 5}}, "expectation.detect_within"),
+    ({"fault_window": {"start": 1.0}, "expectation": {"max_lost_steps": -1}}, "expectation.max_lost_steps"),
+    ({"fault_window": {"start": 1.0}, "crashed": "no"}, "crashed"),
+])
+def test_malformed_observations_name_the_key(raw: dict[str, object], key: str) -> None:
+    with pytest.raises(DataError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        observations_from_json(raw)
+
+
+def test_observations_file_missing_or_not_json(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        load_observations(tmp_path / "observations.json")
+    (tmp_path / "observations.json").write_text("{not json")
+    with pytest.raises(DataError, match="not valid JSON"):
+        load_observations(tmp_path / "observations.json")
+
+
+def test_window_end_may_be_null() -> None:
+    parsed = observations_from_json(json.loads('{"fault_window": {"start": 5, "end": null}}'))
+    assert parsed.fault_window == FaultWindow(5.0, None)
+    assert parsed.fault_window.contains(1e12)

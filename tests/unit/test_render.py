@@ -1,0 +1,59 @@
+"""Rendering: golden files for every role, and refusals that change nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.errors import UsageError
+from slurm_chaos.experiment import Experiment, Fault, load_experiment
+from slurm_chaos.render import render_experiment, render_job
+from slurm_chaos.site import load_site
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDEN = DATA / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+@pytest.mark.parametrize("experiment", ["numa-mismatch", "control-aa"])
+@pytest.mark.parametrize("role", ["baseline", "fault"])
+def test_render_matches_golden(experiment: str, role: str) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    text = render_job(site, load_experiment(experiment), role, Path("/runs/r1") / experiment / role, "r1")
+    golden = GOLDEN / f"{experiment}.{role}.sbatch"
+    if UPDATE:
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_fault_script_carries_the_chaos_option_and_baseline_does_not() -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment("numa-mismatch")
+    fault = render_job(site, exp, "fault", Path("/r"), "r1")
+    base = render_job(site, exp, "baseline", Path("/r"), "r1")
+    assert "#SBATCH --chaos=numa-mismatch\n" in fault
+    assert "--chaos" not in base
+    # Apart from the fault's lines, the two jobs are the same job.
+    strip = [ln for ln in fault.splitlines() if "chaos=" not in ln and "SLURM_CHAOS_FAULT" not in ln]
+    strip = [ln.replace("fault", "baseline") for ln in strip if "applies the fault" not in ln]
+    assert [ln for ln in strip if ln] == [ln for ln in base.splitlines() if ln]
+
+
+def test_rendered_scripts_are_valid_bash(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    for job in render_experiment(site, load_experiment("numa-mismatch"), tmp_path, "r1"):
+        assert subprocess.run(["bash", "-n", str(job.script)], check=False).returncode == 0
+        assert job.script.stat().st_mode & 0o111
+
+
+def test_too_many_nodes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment("numa-mismatch")
+    big = Experiment(**{**exp.__dict__, "nodes": 5, "fault": Fault(spec="numa-mismatch")})
+    out = tmp_path / "out"
+    with pytest.raises(UsageError, match="safety.max_nodes is 4"):
+        render_experiment(site, big, out, "r1")
+    assert not out.exists()

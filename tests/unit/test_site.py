@@ -1,0 +1,88 @@
+"""Site configs: the shipped ones load; every kind of bad input names the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm_chaos.errors import ConfigError
+from slurm_chaos.site import load_site
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "data" / "sites" / "golden.yaml"
+
+
+def _write(tmp_path: Path, data: dict[str, object]) -> Path:
+    p = tmp_path / "site.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _golden() -> dict[str, object]:
+    data = yaml.safe_load(GOLDEN.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_h100_example_describes_two_numa_nodes_of_four_gpus() -> None:
+    site = load_site(REPO / "site_configs" / "h100-ib-example.yaml")
+    assert site.nodes.gpus_per_node == 8
+    assert [g.numa_node for g in site.nodes.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len(site.partition_nodes) == 64
+    assert site.switch_of("gpu017") == "leaf02"
+    assert site.nccl_env["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
+def test_golden_site_expands_node_lists() -> None:
+    site = load_site(GOLDEN)
+    assert site.partitions["batch"] == tuple(f"n0{i}" for i in range(1, 9))
+    assert site.racks[1].nodes == ("n05", "n06", "n07", "n08")
+
+
+def test_sandbox_site_needs_its_sandbox_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path))
+    monkeypatch.delenv("SLURM_CHAOS_SANDBOX", raising=False)
+    with pytest.raises(ConfigError) as exc:
+        load_site(REPO / "site_configs" / "sandbox.yaml")
+    assert exc.value.key == "sandbox"
+    assert "not up" in str(exc.value)
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("cluster: x\nslurm: [unclosed\n")
+    with pytest.raises(ConfigError) as exc:
+        load_site(p)
+    assert str(p) in str(exc.value)
+    assert "malformed YAML" in str(exc.value)
+    assert "line" in str(exc.value)
+    assert exc.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key", "words"),
+    [
+        (lambda d: d["slurm"].update(partiton="x"), "slurm.partiton", "unknown key"),
+        (lambda d: d.update(colour="blue"), "colour", "unknown key"),
+        (lambda d: d["nodes"].update(cpus="sixteen"), "nodes.cpus", "expected integer"),
+        (lambda d: d["safety"].update(max_nodes=0), "safety.max_nodes", "minimum"),
+        (lambda d: d["slurm"].update(partition="gpu"), "slurm.partition", "unknown partition 'gpu'"),
+        (lambda d: d["safety"].update(allowed_partitions=["nope"]), "safety.allowed_partitions.0", "unknown partition"),
+        (lambda d: d.pop("checkpoint"), "checkpoint", "required key is missing"),
+        (lambda d: d["probe"].update(model_size="huge"), "probe.model_size", "expected one of"),
+        (lambda d: d["nodes"]["gpus"][1].update(numa_node=5), "nodes.gpus.1.numa_node", "numa_nodes is 2"),
+        (lambda d: d["racks"]["r1"].update(nodes="x[1-"), "racks.r1.nodes", "bad node list"),
+        (lambda d: d["slurm"].update(reservation="other"), "slurm.reservation", "allowed_reservations"),
+    ],
+)
+def test_bad_site_names_file_and_key(tmp_path: Path, mutate, key: str, words: str) -> None:  # type: ignore[no-untyped-def]
+    data = _golden()
+    mutate(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as exc:
+        load_site(path)
+    assert exc.value.key == key
+    assert words in exc.value.problem
+    assert str(exc.value).startswith(f"{path}: {key}: ")
