@@ -121,6 +121,126 @@ def _run_status(args: argparse.Namespace) -> int:
     return code
 
 
+def _faults(args: argparse.Namespace) -> int:
+    from slurm_chaos.faults.catalogue import describe_faults
+
+    print(describe_faults())
+    return 0
+
+
+def _plugin_install(args: argparse.Namespace) -> int:
+    from slurm_chaos.faults.plugin_install import install_plugin
+    from slurm_chaos.runner import SubprocessRunner
+
+    result = install_plugin(args.site, args.prefix, SubprocessRunner())
+    print(f"installed {result.plugin}")
+    print(f"{result.plugstack}: {result.line}")
+    try:
+        from slurm_chaos.faults.install_hooks import install_site_hooks
+    except ImportError:
+        return 0
+    for path in install_site_hooks(args.site):
+        print(f"hook {path}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from slurm_chaos.analysis.commands import compare_dirs
+
+    print(compare_dirs(Path(args.baseline), Path(args.fault), args.format), end="")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from slurm_chaos.analysis.commands import report_dir
+
+    text, code = report_dir(Path(args.run_dir), args.format, Path(args.output) if args.output else None)
+    print(text, end="" if text.endswith("\n") else "\n")
+    return code
+
+
+def _campaign_options(args: argparse.Namespace) -> object:
+    from slurm_chaos.campaign.commands import Options
+
+    return Options(
+        site=Path(args.site),
+        out=Path(args.out) if args.out else None,
+        resume=Path(args.resume) if args.resume else None,
+        dry_run=args.dry_run,
+        time_budget_min=args.time_budget,
+        experiments_dirs=tuple(args.experiments_dir),
+        quiet=args.quiet,
+    )
+
+
+def _launch(args: argparse.Namespace, experiment: str | None, suite: str | None, kind: str) -> int:
+    from slurm_chaos.campaign.commands import Options, execute, start
+    from slurm_chaos.experiment import load_experiment
+
+    opts = _campaign_options(args)
+    assert isinstance(opts, Options)
+    exps = [load_experiment(experiment, opts.experiments_dirs)] if experiment else None
+    prepared = start(opts, exps, suite, kind)
+    if isinstance(prepared, str):
+        print(prepared)
+        return 0
+    print(f"run directory: {prepared.run_dir}", file=sys.stderr)
+    text, code = execute(prepared)
+    print(text, end="")
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    return _launch(args, args.experiment, None, "run")
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    return _launch(args, None, args.suite, "campaign")
+
+
+def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--site", required=True, help="site config YAML")
+        p.add_argument("--out", help="run directory (default: runs/<run id>)")
+        p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
+        p.add_argument("--dry-run", action="store_true", help="render and print the plan; submit nothing")
+        p.add_argument("--time-budget", type=float, metavar="MIN", help="stop starting experiments after MIN minutes")
+        p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+    p = sub.add_parser("run", help="run one experiment: baseline, fault job, watch, roll back, report")
+    p.add_argument("experiment", metavar="EXPERIMENT", help="experiment name or YAML file")
+    common(p)
+    p.set_defaults(handler=_run)
+
+    p = sub.add_parser("campaign", help="run a suite of experiments (e.g. the maintenance suite) with one report")
+    p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
+    common(p)
+    p.set_defaults(handler=_campaign)
+
+    p = sub.add_parser("faults", help="list every fault with its keys")
+    p.set_defaults(handler=_faults)
+
+    p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
+    ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install}")
+    q = ps.add_parser("install", help="build the plugin, write its plugstack.conf line, install the node hooks")
+    q.add_argument("--site", required=True, help="site config YAML")
+    q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
+    q.set_defaults(handler=_plugin_install)
+
+    p = sub.add_parser("compare", help="compare a fault run's probe files with a baseline's")
+    p.add_argument("baseline", metavar="BASELINE_DIR")
+    p.add_argument("fault", metavar="FAULT_DIR")
+    p.add_argument("--format", default="text", choices=["text", "json"])
+    p.set_defaults(handler=_compare)
+
+    p = sub.add_parser("report", help="verdicts of a run directory: table, HTML, JSON or JUnit XML")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--format", default="table", choices=["table", "html", "json", "junit"])
+    p.add_argument("--output", help="also write the chosen format to this file")
+    p.set_defaults(handler=_report)
+
+
 def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("render", help="write an experiment's sbatch scripts without submitting (dry run)")
     p.add_argument("--site", required=True, help="site config YAML")
@@ -150,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sandbox(sub)
     _add_common(sub)
+    _add_campaign(sub)
     return parser
 
 

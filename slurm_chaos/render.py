@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import string
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +66,27 @@ def check_limits(site: Site, experiment: Experiment) -> None:
         )
 
 
+def checkpoint_dir(site: Site, experiment: Experiment, role: str, run_id: str) -> Path:
+    return Path(site.checkpoint.path) / run_id / experiment.name / role
+
+
+def fault_spec(site: Site, experiment: Experiment, role: str, run_id: str) -> str | None:
+    """The job's --chaos SPEC, with ${checkpoint_dir} filled in (faults on the checkpoint path need it)."""
+    if role != "fault" or experiment.fault.spec is None:
+        return None
+    ckpt = checkpoint_dir(site, experiment, role, run_id)
+    try:
+        return string.Template(experiment.fault.spec).substitute(checkpoint_dir=str(ckpt))
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"{experiment.path}: fault.spec: unknown placeholder {exc} (known: checkpoint_dir)") from exc
+
+
 def render_job(site: Site, experiment: Experiment, role: str, job_dir: Path, run_id: str) -> str:
     """The text of one sbatch script (role 'baseline' or 'fault')."""
     if role not in ROLES:
         raise ValueError(role)
     template = _environment().get_template(f"{role}.sbatch.j2")
-    ckpt_dir = Path(site.checkpoint.path) / run_id / experiment.name / role
+    ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     return template.render(
         site=site,
         experiment=experiment,
@@ -83,7 +99,7 @@ def render_job(site: Site, experiment: Experiment, role: str, job_dir: Path, run
         tasks_per_node=experiment.tasks_per_node or site.probe.tasks_per_node,
         steps=experiment.steps or site.probe.steps,
         nccl_env=site.nccl_env,
-        fault_spec=experiment.fault.spec if role == "fault" else None,
+        fault_spec=fault_spec(site, experiment, role, run_id),
     )
 
 

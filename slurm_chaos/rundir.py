@@ -47,6 +47,7 @@ class Manifest:
     site: str
     cluster: str
     started: float
+    # Experiments with results, in plan order: what the report covers (a partial run covers fewer).
     experiments: list[str]
     kind: str = "run"
     tool_version: str = __version__
@@ -58,6 +59,7 @@ class Manifest:
     jobs: list[JobRecord] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     completed: list[str] = field(default_factory=list)
+    planned: list[str] = field(default_factory=list)
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
     def job(self, experiment: str, role: str) -> JobRecord | None:

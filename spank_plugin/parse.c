@@ -77,17 +77,17 @@ static size_t count_digits(const char *s, size_t len, size_t pos)
 	return n;
 }
 
-/* [0-9]{1,15}(\.[0-9]{1,15})? at *pos; advances *pos. */
-static int match_decimal(const char *s, size_t len, size_t *pos)
+/* [0-9]{1,maxi}(\.[0-9]{1,maxf})? at *pos; advances *pos. */
+static int match_decimal(const char *s, size_t len, size_t *pos, size_t maxi, size_t maxf)
 {
 	size_t n = count_digits(s, len, *pos);
 
-	if (n < 1 || n > 15)
+	if (n < 1 || n > maxi)
 		return 0;
 	*pos += n;
 	if (*pos < len && s[*pos] == '.') {
 		n = count_digits(s, len, *pos + 1);
-		if (n < 1 || n > 15)
+		if (n < 1 || n > maxf)
 			return 0;
 		*pos += 1 + n;
 	}
@@ -133,30 +133,53 @@ static int parse_float(const char *s, size_t len, struct chaos_value *v)
 {
 	size_t pos = (len && s[0] == '-') ? 1 : 0;
 
-	if (!match_decimal(s, len, &pos) || pos != len)
+	if (!match_decimal(s, len, &pos, 9, 6) || pos != len)
 		return -1;
 	v->num = slice_double(s, len);
 	return 0;
 }
 
+#define NS_PER_S 1000000000LL
+
+/*
+ * Durations are whole nanoseconds computed with integers (catalogue.py duration_ns), so C and
+ * Python agree to the last digit. Returns -1 bad syntax, -3 finer than 1ns, -4 too large.
+ */
 static int parse_duration(const char *s, size_t len, struct chaos_value *v)
 {
-	static const struct { const char *unit; double mult; } units[] = {
-		{ "ms", 0.0 }, { "s", 1.0 }, { "m", 60.0 }, { "h", 3600.0 }, { "d", 86400.0 }, { "", 1.0 },
+	static const struct { const char *unit; long long ns; } units[] = {
+		{ "ms", 1000000LL }, { "s", NS_PER_S }, { "m", 60 * NS_PER_S }, { "h", 3600 * NS_PER_S },
+		{ "d", 86400 * NS_PER_S }, { "", NS_PER_S },
 	};
-	size_t pos = 0;
-	double number;
+	size_t nw = count_digits(s, len, 0), nf = 0, pos;
+	__int128 scaled, pow10 = 1;
+	long long whole, frac = 0;
 
-	if (!match_decimal(s, len, &pos))
+	if (nw < 1 || nw > 15)
 		return -1;
-	number = slice_double(s, pos);
+	pos = nw;
+	whole = slice_ll(s, nw);
+	if (pos < len && s[pos] == '.') {
+		nf = count_digits(s, len, pos + 1);
+		if (nf < 1 || nf > 9)
+			return -1;
+		frac = slice_ll(s + pos + 1, nf);
+		pos += 1 + nf;
+	}
+	for (size_t i = 0; i < nf; i++)
+		pow10 *= 10;
 	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
 		size_t ulen = strlen(units[i].unit);
 
 		if (len - pos != ulen || memcmp(s + pos, units[i].unit, ulen))
 			continue;
-		/* Division for ms, as catalogue.py does, so both round identically. */
-		v->num = units[i].mult == 0.0 ? number / 1000.0 : number * units[i].mult;
+		scaled = ((__int128)whole * pow10 + frac) * units[i].ns;
+		if (scaled % pow10)
+			return -3;
+		if (scaled / pow10 > (__int128)0x7fffffffffffffffLL)
+			return -4;
+		v->inum = (long long)(scaled / pow10);
+		v->num = (double)v->inum / (double)NS_PER_S;
 		return 0;
 	}
 	return -1;
@@ -166,7 +189,7 @@ static int parse_percent(const char *s, size_t len, struct chaos_value *v)
 {
 	size_t pos = 0;
 
-	if (!match_decimal(s, len, &pos))
+	if (!match_decimal(s, len, &pos, 9, 6))
 		return -1;
 	v->num = slice_double(s, pos);
 	if (pos < len && s[pos] == '%')
@@ -245,6 +268,26 @@ static void format_bytes(long long value, char *buf, size_t len)
 	fmt(buf, len, "%lld", value);
 }
 
+/* Seconds with only the digits needed: 0.5s, 120s (catalogue.py format_ns). */
+static void format_ns(long long ns, char *buf, size_t len)
+{
+	long long whole = ns / NS_PER_S, frac = ns % NS_PER_S;
+	size_t n;
+
+	if (!frac) {
+		fmt(buf, len, "%llds", whole);
+		return;
+	}
+	fmt(buf, len, "%lld.%09lld", whole, frac);
+	n = strlen(buf);
+	while (n > 0 && buf[n - 1] == '0')
+		buf[--n] = '\0';
+	if (n + 1 < len) {
+		buf[n] = 's';
+		buf[n + 1] = '\0';
+	}
+}
+
 void chaos_format_fixed(double v, char *buf, size_t len)
 {
 	for (int digits = 0; digits < 18; digits++) {
@@ -266,8 +309,7 @@ static void format_value(const struct chaos_key_def *k, const struct chaos_value
 		format_bytes(v->inum, buf, len);
 		break;
 	case CHAOS_T_DURATION:
-		chaos_format_fixed(v->num, buf, len > 1 ? len - 1 : len);
-		strncat(buf, "s", len - strlen(buf) - 1);
+		format_ns(v->inum, buf, len);
 		break;
 	case CHAOS_T_FLOAT:
 	case CHAOS_T_PERCENT:
@@ -278,9 +320,15 @@ static void format_value(const struct chaos_key_def *k, const struct chaos_value
 	}
 }
 
+static long long bound_ll(const struct chaos_key_def *k, double bound)
+{
+	/* Durations compare in ns, like catalogue.py: exact for every bound the catalogue has. */
+	return k->type == CHAOS_T_DURATION ? (long long)(bound * (double)NS_PER_S + 0.5) : (long long)bound;
+}
+
 static void bound_text(const struct chaos_key_def *k, double bound, char *buf, size_t len)
 {
-	struct chaos_value tmp = { .inum = (long long)bound, .num = bound };
+	struct chaos_value tmp = { .inum = bound_ll(k, bound), .num = bound };
 
 	format_value(k, &tmp, buf, len);
 }
@@ -289,15 +337,15 @@ static void bound_text(const struct chaos_key_def *k, double bound, char *buf, s
 static int check_bounds(const struct chaos_key_def *k, const struct chaos_value *v,
 			char *why, size_t whylen)
 {
-	int integral = k->type == CHAOS_T_INT || k->type == CHAOS_T_BYTES;
+	int integral = k->type == CHAOS_T_INT || k->type == CHAOS_T_BYTES || k->type == CHAOS_T_DURATION;
 	char b[64];
 
-	if (k->has_min && (integral ? v->inum < (long long)k->min : v->num < k->min)) {
+	if (k->has_min && (integral ? v->inum < bound_ll(k, k->min) : v->num < k->min)) {
 		bound_text(k, k->min, b, sizeof(b));
 		fmt(why, whylen, "below the minimum %s", b);
 		return -1;
 	}
-	if (k->has_max && (integral ? v->inum > (long long)k->max : v->num > k->max)) {
+	if (k->has_max && (integral ? v->inum > bound_ll(k, k->max) : v->num > k->max)) {
 		bound_text(k, k->max, b, sizeof(b));
 		fmt(why, whylen, "above the maximum %s", b);
 		return -1;
@@ -349,8 +397,9 @@ int chaos_parse_value(const struct chaos_key_def *k, const char *text, size_t le
 		return -1;
 	}
 	rc = parse_typed(k, text, len, v);
-	if (rc == -2) {
-		fmt(why, whylen, "byte count too large");
+	if (rc == -2 || rc == -3 || rc == -4) {
+		fmt(why, whylen, "%s", rc == -2 ? "byte count too large" :
+		    rc == -3 ? "finer than 1ns" : "duration too large");
 		return -1;
 	}
 	if (rc < 0) {

@@ -49,6 +49,13 @@ static struct chaos_spec spec;
 static int have_spec;
 static char spec_text[2 * CHAOS_SPEC_MAX];      /* canonical SPEC */
 static char err[ERR_MAX];
+/*
+ * A request refused on the node. Failing init_post_opt would drain the node for a batch
+ * step, so the refusal is carried to task_init instead: each task prints it on the job's
+ * stderr and exits 1 before exec, so nothing of the job runs and the node stays up.
+ */
+static int refused;
+static char refusal[ERR_MAX];
 
 static int chaos_opt_cb(int val, const char *optarg, int remote);
 
@@ -287,6 +294,16 @@ static void describe_nccl(const struct chaos_request *r, char *buf, size_t len)
 
 /* --- remote (slurmstepd) ---------------------------------------------------------------------- */
 
+static int refuse(const struct step_ids *ids, const char *why)
+{
+	if (snprintf(refusal, sizeof(refusal), "job %u.%s: refused --chaos=%s: %s", ids->job, ids->step,
+		     spec_text, why) >= (int)sizeof(refusal))
+		refusal[sizeof(refusal) - 2] = '+';     /* truncated: say so, keep the start */
+	slurm_error(PFX "%s", refusal);
+	refused = 1;
+	return -1;
+}
+
 static int remote_policy(spank_t sp, const struct step_ids *ids)
 {
 	char pwbuf[4096], acct[256], part[256], resv[256];
@@ -298,10 +315,8 @@ static int remote_policy(spank_t sp, const struct step_ids *ids)
 	f.partition = remote_env(sp, "SLURM_JOB_PARTITION", part, sizeof(part));
 	f.reservation = remote_env(sp, "SLURM_JOB_RESERVATION", resv, sizeof(resv));
 	f.exclusive = job_exclusive(sp);
-	if (chaos_policy_check(&cfg, &f, 1, err, sizeof(err))) {
-		slurm_error(PFX "job %u.%s: refused --chaos=%s: %s", ids->job, ids->step, spec_text, err);
-		return -1;
-	}
+	if (chaos_policy_check(&cfg, &f, 1, err, sizeof(err)))
+		return refuse(ids, err);
 	return 0;
 }
 
@@ -336,18 +351,20 @@ static int remote_post_opt(spank_t sp)
 	struct step_ids ids;
 	char buf[CHAOS_SPEC_MAX + 1];
 
-	if (!have_spec && remote_env(sp, ENV_SPEC, buf, sizeof(buf)) && accept_spec(buf, 1))
-		return -1;
+	get_ids(sp, &ids);
+	if (!have_spec && remote_env(sp, ENV_SPEC, buf, sizeof(buf)) && accept_spec(buf, 1)) {
+		refuse(&ids, err);
+		return 0;
+	}
 	if (!have_spec)
 		return 0;       /* the common case: nothing asked, nothing touched */
-	get_ids(sp, &ids);
 	if (remote_policy(sp, &ids))
-		return -1;
+		return 0;
 	slurm_info(PFX "job %u.%s: accepted --chaos=%s", ids.job, ids.step, spec_text);
 	if (remote_journal_plan(&ids)) {
-		slurm_error(PFX "job %u.%s: cannot write the journal in %s (%m): refusing to inject",
-			    ids.job, ids.step, cfg.journal_dir);
-		return -1;
+		snprintf(err, sizeof(err), "cannot write the journal in %s (%s)", cfg.journal_dir,
+			 strerror(errno));
+		refuse(&ids, err);
 	}
 	return 0;
 }
@@ -588,7 +605,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
-	if (!have_spec || spank_context() != S_CTX_REMOTE)
+	if (!have_spec || refused || spank_context() != S_CTX_REMOTE)
 		return 0;
 	return remote_user_init(sp);
 }
@@ -597,7 +614,14 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	const struct chaos_request *r;
 
-	if (!have_spec || spank_context() != S_CTX_REMOTE)
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	if (refused) {
+		/* In the task, slurm_error reaches the job's stderr (slurmstepd: error: ...). */
+		slurm_error(PFX "%s", refusal);
+		return -1;
+	}
+	if (!have_spec)
 		return 0;
 	if ((r = chaos_find(&spec, "numa-mismatch")))
 		return apply_numa_mismatch(sp, r);

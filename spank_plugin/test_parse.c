@@ -67,7 +67,11 @@ static void test_valid(void)
 	ok("nccl-degrade:ib=off", "nccl-degrade:ib=off");
 	ok("nccl-degrade:channels=4,ib=off", "nccl-degrade:ib=off,channels=4");
 	ok("netem:delay=500ms,loss=1.5%,rate=10MiB", "netem:delay=0.5s,loss=1.5,rate=10M");
-	ok("node-drain:after=0.03m", "node-drain:after=1.7999999999999998s");
+	ok("node-drain:after=0.03m", "node-drain:after=1.8s");
+	ok("netem:delay=0.000001ms", "netem:delay=0.000000001s");
+	bad("netem:delay=0.0000001ms", "(finer than 1ns)");
+	bad("node-drain:after=999999999999999d", "(duration too large)");
+	bad("netem:loss=1.1234567", "expected a percentage");
 	ok("netem:jitter=0.001", "netem:jitter=0.001s");
 	ok("ckpt-hang:path=/ckpt/run-1,bytes=1073741824", "ckpt-hang:path=/ckpt/run-1,bytes=1G");
 	ok("ckpt-eio:bytes=1000,path=/x", "ckpt-eio:path=/x,bytes=1000");

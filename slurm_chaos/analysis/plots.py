@@ -20,6 +20,8 @@ MAX_POINTS = 600
 MAX_HEAT_COLUMNS = 300
 MAX_HEAT_ROWS = 128
 MAX_TIMELINE_RANKS = 6
+# Timeline and heat map share these margins so their time axes line up on the page.
+_WIDE = {"left": 0.08, "right": 0.9, "bottom": 0.16, "top": 0.9}
 _SVG_START = re.compile(r"^.*?(?=<svg)", re.S)
 _SVG_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 
@@ -87,7 +89,8 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     ax.set_ylabel("ms")
     ax.set_title("Step time per rank (fault run)")
     ax.legend(fontsize=7, loc="upper left", ncols=2)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9)
+    ax.set_xlim(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0)
+    fig.subplots_adjust(**_WIDE)
     return _svg(fig)
 
 
@@ -140,12 +143,14 @@ def heatmap_svg(a: ExperimentAnalysis) -> str:
     ref = float(np.nanmedian(grid)) or 1.0
     cmap = plt.get_cmap("magma").with_extremes(bad="#dddddd")
     fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig.subplots_adjust(**_WIDE)
     image = ax.imshow(grid / ref, aspect="auto", interpolation="nearest", cmap=cmap, origin="lower",
                       extent=(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0, 0, m.shape[0]),
                       vmin=0.8, vmax=max(1.2, float(np.nanpercentile(grid / ref, 99.5))))
-    fig.colorbar(image, ax=ax, label=f"{name} / median")
+    # The colour bar gets its own axes so the heat map lines up with the timeline above it.
+    fig.colorbar(image, cax=fig.add_axes((0.915, _WIDE["bottom"], 0.012, _WIDE["top"] - _WIDE["bottom"])),
+                 label="x median")
     ax.set_xlabel(label)
     ax.set_ylabel("rank")
-    ax.set_title("Ranks x time" + (" (max over rank groups)" if len(row_edges) - 1 < m.shape[0] else ""))
-    fig.subplots_adjust(left=0.08, right=1.0, bottom=0.16, top=0.9)
+    ax.set_title(f"Ranks x time: {name} relative to the median" + (" (max over rank groups)" if len(row_edges) - 1 < m.shape[0] else ""))
     return _svg(fig)

@@ -50,13 +50,15 @@ class Where(Enum):
 
 
 _INT_RE = re.compile(r"-?[0-9]{1,18}")
-_FLOAT_RE = re.compile(r"-?[0-9]{1,15}(\.[0-9]{1,15})?")
-_DURATION_RE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?)(ms|s|m|h|d)?")
-_PERCENT_RE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?)%?")
+# Fractions are capped so that the shortest fixed-point text always reads back exactly.
+_FLOAT_RE = re.compile(r"-?[0-9]{1,9}(\.[0-9]{1,6})?")
+_DURATION_RE = re.compile(r"([0-9]{1,15})(?:\.([0-9]{1,9}))?(ms|s|m|h|d)?")
+_PERCENT_RE = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)%?")
 _BYTES_RE = re.compile(r"([0-9]{1,18})([kmgtpKMGTP]i?)?[bB]?")
 _STR_RE = re.compile(r"[A-Za-z0-9_./@%:-]{1,255}")
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+NS_PER_S = 1_000_000_000
+_DURATION_NS = {"ms": 10**6, "s": NS_PER_S, "m": 60 * NS_PER_S, "h": 3600 * NS_PER_S, "d": 86400 * NS_PER_S}
 _BYTE_SUFFIXES = ("K", "M", "G", "T", "P")
 
 
@@ -72,14 +74,25 @@ def format_fixed(value: float) -> str:
     return "%.17f" % value
 
 
-def _parse_duration(text: str) -> float:
+def duration_ns(text: str) -> int:
+    """A duration as whole nanoseconds, computed exactly (no binary floating point)."""
     m = _DURATION_RE.fullmatch(text)
     if not m:
         raise ValueError("expected a duration such as 30s, 500ms, 5m, 1h")
-    number = float(m.group(1))
-    unit = m.group(2) or "s"
-    # Division for ms keeps 0.001-multiples exact to the last bit, as in C.
-    return number / 1000.0 if unit == "ms" else number * _DURATION_UNITS[unit]
+    whole, frac, unit = m.group(1), m.group(2) or "", m.group(3) or "s"
+    scaled = (int(whole) * 10 ** len(frac) + int(frac or "0")) * _DURATION_NS[unit]
+    ns, rest = divmod(scaled, 10 ** len(frac))
+    if rest:
+        raise ValueError("finer than 1ns")
+    if ns >= 1 << 63:
+        raise ValueError("duration too large")
+    return ns
+
+
+def format_ns(ns: int) -> str:
+    """Canonical duration text: seconds with only the digits needed, e.g. ``0.5s``, ``120s``."""
+    whole, frac = divmod(ns, NS_PER_S)
+    return f"{whole}.{frac:09d}".rstrip("0") + "s" if frac else f"{whole}s"
 
 
 def _parse_bytes(text: str) -> int:
@@ -119,9 +132,13 @@ class KeySpec:
         """Parse one value as written in a SPEC; raises ValueError saying what was expected."""
         if len(text.encode()) > MAX_VALUE_LEN:  # bytes, as the C parser counts
             raise ValueError(f"longer than {MAX_VALUE_LEN} characters")
+        if self.type is KeyType.DURATION:
+            ns = duration_ns(text)
+            self._check_bounds(ns, NS_PER_S)
+            return ns / NS_PER_S
         value = self._parse_raw(text)
         if not isinstance(value, str):
-            self._check_bounds(value)
+            self._check_bounds(value, 1)
         return value
 
     def format(self, value: Value) -> str:
@@ -129,7 +146,8 @@ class KeySpec:
         if self.type is KeyType.BYTES:
             return _format_bytes(int(value))
         if self.type is KeyType.DURATION:
-            return format_fixed(float(value)) + "s"
+            # Seconds as float hold every in-bounds nanosecond count exactly enough to round back.
+            return format_ns(round(float(value) * NS_PER_S))
         if self.type in (KeyType.FLOAT, KeyType.PERCENT):
             return format_fixed(float(value))
         return str(value)
@@ -154,8 +172,6 @@ class KeySpec:
             if not _FLOAT_RE.fullmatch(text):
                 raise ValueError("expected a number such as 1.5")
             return float(text)
-        if t is KeyType.DURATION:
-            return _parse_duration(text)
         if t is KeyType.PERCENT:
             m = _PERCENT_RE.fullmatch(text)
             if not m:
@@ -171,10 +187,11 @@ class KeySpec:
             raise ValueError("expected letters, digits or _ . / @ % : -")
         return text
 
-    def _check_bounds(self, value: float) -> None:
-        if self.minimum is not None and value < self.minimum:
+    def _check_bounds(self, value: float, scale: int) -> None:
+        """Compare in the value's own unit (ns for durations) so the comparison is exact."""
+        if self.minimum is not None and value < round(self.minimum * scale):
             raise ValueError(f"below the minimum {self._bound_text(self.minimum)}")
-        if self.maximum is not None and value > self.maximum:
+        if self.maximum is not None and value > round(self.maximum * scale):
             raise ValueError(f"above the maximum {self._bound_text(self.maximum)}")
 
     def _bound_text(self, bound: float) -> str:

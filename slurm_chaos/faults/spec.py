@@ -102,6 +102,8 @@ def _parse_fault(spec: str, piece: str, cat: Catalogue) -> FaultRequest:
     if colon and not rest:
         raise SpecError(spec, piece, f"{name}: no KEY=VALUE after ':'")
     params = _parse_params(spec, fault, rest.split(",") if colon else [])
+    order = [k.name for k in fault.keys]
+    params = tuple(sorted(params, key=lambda item: order.index(item[0])))  # one canonical order
     given = {k for k, _ in params}
     for key in fault.keys:
         if key.required and key.name not in given:

@@ -89,7 +89,13 @@ class Checkpointer:
     """Starts background writes and reports how they went."""
 
     def __init__(
-        self, directory: Path, rank: int, *, keep: int = 2, timeout_s: float = 60.0, save: SaveFn = _torch_save
+        self,
+        directory: Path,
+        rank: int,
+        *,
+        keep: int = 2,
+        timeout_s: float = 60.0,
+        save: SaveFn = _torch_save,
     ) -> None:
         self.directory = directory
         self.rank = rank
@@ -134,7 +140,10 @@ class Checkpointer:
             age = time.monotonic() - w.started
             if age > self.timeout_s:
                 w.hang_reported = True
-                self._report("checkpoint_hang", f"step {w.step}: still writing after {age:.1f} s (timeout {self.timeout_s:g} s)")
+                self._report(
+                    "checkpoint_hang",
+                    f"step {w.step}: still writing after {age:.1f} s (timeout {self.timeout_s:g} s)",
+                )
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to `timeout_s` for the running write; True if none is left running."""
@@ -156,7 +165,9 @@ class Checkpointer:
             self._report("checkpoint_failed", f"step {write.step}: {_describe(exc)}")
         else:
             late = " (after a hang)" if write.hang_reported else ""
-            self._report("checkpoint_saved", f"step {write.step}: {path.name} in {time.monotonic() - t0:.3f} s{late}")
+            self._report(
+                "checkpoint_saved", f"step {write.step}: {path.name} in {time.monotonic() - t0:.3f} s{late}"
+            )
         finally:
             write.done.set()
 

@@ -52,29 +52,51 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m slurm_chaos.probe",
         description="One rank of the slurm-chaos training probe: writes OUT/rank-<R>.h5.",
     )
-    p.add_argument("--steps", type=_positive_int, required=True,
-                   help="train: steps of the whole job (a resumed job continues to it); allreduce: iterations per size")
+    p.add_argument(
+        "--steps",
+        type=_positive_int,
+        required=True,
+        help="train: steps of the whole job (a resumed job continues to it); allreduce: iterations per size",
+    )
     p.add_argument("--out", type=Path, required=True, help="run directory for rank-<R>.h5")
     p.add_argument("--mode", choices=MODES, default="train")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="tiny")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--progress-every", type=_non_negative_int, default=10, help="rank 0 prints every N steps (0: never)")
-    p.add_argument("--ckpt-dir", type=Path, help="checkpoint root; the job's files go to <root>/<job name>-<job id>")
+    p.add_argument(
+        "--progress-every", type=_non_negative_int, default=10, help="rank 0 prints every N steps (0: never)"
+    )
+    p.add_argument(
+        "--ckpt-dir", type=Path, help="checkpoint root; the job's files go to <root>/<job name>-<job id>"
+    )
     p.add_argument("--ckpt-every", type=_positive_int, default=50)
-    p.add_argument("--ckpt-timeout", type=_positive_float, default=60.0, help="seconds before a write counts as hung")
+    p.add_argument(
+        "--ckpt-timeout", type=_positive_float, default=60.0, help="seconds before a write counts as hung"
+    )
     p.add_argument("--rendezvous", choices=SOURCES, default="auto")
     p.add_argument("--rendezvous-timeout", type=_positive_float, default=60.0)
-    p.add_argument("--collective-timeout", type=_positive_float, default=600.0,
-                   help="seconds a collective may wait for a peer before the rank gives up")
+    p.add_argument(
+        "--collective-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds a collective may wait for a peer before the rank gives up",
+    )
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads per rank")
     p.add_argument("--bucket-mb", type=_positive_float, default=25.0, help="gradient all_reduce bucket size")
     p.add_argument("--min-bytes", type=_positive_int, default=1024, help="allreduce: smallest message")
-    p.add_argument("--max-bytes", type=_positive_int, default=None,
-                   help="allreduce: largest message (default 64 MiB on GPU, 4 MiB on CPU)")
-    p.add_argument("--warmup", type=_non_negative_int, default=5, help="allreduce: untimed iterations per size")
+    p.add_argument(
+        "--max-bytes",
+        type=_positive_int,
+        default=None,
+        help="allreduce: largest message (default 64 MiB on GPU, 4 MiB on CPU)",
+    )
+    p.add_argument(
+        "--warmup", type=_non_negative_int, default=5, help="allreduce: untimed iterations per size"
+    )
     p.add_argument("--telemetry-interval", type=_positive_float, default=1.0)
-    p.add_argument("--flush-every", type=_positive_int, default=50, help="flush the HDF5 file every N steps ...")
+    p.add_argument(
+        "--flush-every", type=_positive_int, default=50, help="flush the HDF5 file every N steps ..."
+    )
     p.add_argument("--flush-interval", type=_positive_float, default=1.0, help="... or every S seconds")
     return p
 
@@ -85,11 +107,26 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
     if a.max_bytes is not None and a.max_bytes < a.min_bytes:
         raise UsageError(f"--max-bytes {a.max_bytes} is smaller than --min-bytes {a.min_bytes}")
     return ProbeConfig(
-        steps=a.steps, out=a.out, mode=a.mode, model_size=a.model_size, seed=a.seed, progress_every=a.progress_every,
-        ckpt_dir=a.ckpt_dir, ckpt_every=a.ckpt_every, ckpt_timeout=a.ckpt_timeout, rendezvous=a.rendezvous,
-        rendezvous_timeout=a.rendezvous_timeout, collective_timeout=a.collective_timeout, backend=a.backend,
-        threads=a.threads, bucket_mb=a.bucket_mb, min_bytes=a.min_bytes, max_bytes=a.max_bytes or 0,
-        warmup=a.warmup, telemetry_interval=a.telemetry_interval, flush_every=a.flush_every,
+        steps=a.steps,
+        out=a.out,
+        mode=a.mode,
+        model_size=a.model_size,
+        seed=a.seed,
+        progress_every=a.progress_every,
+        ckpt_dir=a.ckpt_dir,
+        ckpt_every=a.ckpt_every,
+        ckpt_timeout=a.ckpt_timeout,
+        rendezvous=a.rendezvous,
+        rendezvous_timeout=a.rendezvous_timeout,
+        collective_timeout=a.collective_timeout,
+        backend=a.backend,
+        threads=a.threads,
+        bucket_mb=a.bucket_mb,
+        min_bytes=a.min_bytes,
+        max_bytes=a.max_bytes or 0,
+        warmup=a.warmup,
+        telemetry_interval=a.telemetry_interval,
+        flush_every=a.flush_every,
         flush_interval=a.flush_interval,
     )
 

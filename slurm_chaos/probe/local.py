@@ -31,7 +31,11 @@ def rank_env(rank: int, world: int, port: int, extra: Mapping[str, str] | None =
     """The environment of one local rank: ours minus any Slurm/MPI identity, plus RANK and friends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMIX_", "OMPI_"))}
     env.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
@@ -39,7 +43,11 @@ def rank_env(rank: int, world: int, port: int, extra: Mapping[str, str] | None =
 
 
 def start_ranks(
-    world: int, args: Sequence[str], *, port: int | None = None, extra_env: Mapping[str, str] | None = None,
+    world: int,
+    args: Sequence[str],
+    *,
+    port: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
     ranks: Sequence[int] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """Start ranks (all by default) of ``python -m slurm_chaos.probe ARGS``; they meet on `port`."""
@@ -47,7 +55,11 @@ def start_ranks(
     argv = [sys.executable, "-m", "slurm_chaos.probe", *args]
     return [
         subprocess.Popen(
-            argv, env=rank_env(r, world, port, extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            argv,
+            env=rank_env(r, world, port, extra_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for r in (range(world) if ranks is None else ranks)
     ]

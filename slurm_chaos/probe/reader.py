@@ -122,16 +122,26 @@ def read_rank(path: Path) -> RankData:
             n = min(len(v) for v in fields.values())
             fields = {k: v[:n] for k, v in fields.items()}
             step = np.asarray(g["step"][()][:n], dtype=np.int64) if "step" in g else np.arange(n)
-            t_start = np.asarray(g["t_start"][()][:n], dtype=np.float64) if "t_start" in g else np.full(n, np.nan)
+            t_start = (
+                np.asarray(g["t_start"][()][:n], dtype=np.float64) if "t_start" in g else np.full(n, np.nan)
+            )
             events: tuple[Event, ...] = ()
             if "events" in f:
                 e = f["events"]
                 events = tuple(
                     Event(float(t), str(_decode(k)), str(_decode(d)))
-                    for t, k, d in zip(e["time"][()], e["kind"][()], e["detail"][()])
+                    for t, k, d in zip(e["time"][()], e["kind"][()], e["detail"][()], strict=False)
                 )
-            allreduce = {k: np.asarray(v[()], dtype=np.float64) for k, v in f["allreduce"].items()} if "allreduce" in f else {}
-            telemetry = {k: np.asarray(v[()], dtype=np.float64) for k, v in f["telemetry"].items()} if "telemetry" in f else {}
+            allreduce = (
+                {k: np.asarray(v[()], dtype=np.float64) for k, v in f["allreduce"].items()}
+                if "allreduce" in f
+                else {}
+            )
+            telemetry = (
+                {k: np.asarray(v[()], dtype=np.float64) for k, v in f["telemetry"].items()}
+                if "telemetry" in f
+                else {}
+            )
     except DataError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
@@ -156,9 +166,7 @@ def read_run(directory: Path) -> RunData:
     """Read every `rank-<R>.h5` in `directory`; checks that ranks 0..world_size-1 are all there."""
     if not directory.is_dir():
         raise DataError(f"{directory}: no such run directory")
-    files = sorted(
-        (int(m.group(1)), p) for p in directory.iterdir() if (m := _RANK_FILE.match(p.name))
-    )
+    files = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _RANK_FILE.match(p.name)))
     if not files:
         raise DataError(f"{directory}: no probe files (rank-<R>.h5)")
     ranks = tuple(read_rank(p) for _, p in files)

@@ -53,7 +53,9 @@ def expand_hostlist(spec: str) -> list[str]:
 
 
 def _split_top_level(spec: str) -> list[str]:
-    items, depth, cur = [], 0, []
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in spec.strip():
         if ch == "," and depth == 0:
             items.append("".join(cur))
@@ -122,7 +124,7 @@ def resolve(env: Mapping[str, str], source: str = "auto") -> Rendezvous:
         return _from_slurm(env)
     if chosen == "mpi":
         return _from_mpi(env)
-    return Rendezvous(0, 1, 0, "127.0.0.1", _free_port(), "single", **_job_fields(env))
+    return _make(env, 0, 1, 0, "127.0.0.1", _free_port(), "single")
 
 
 def _int(env: Mapping[str, str], key: str) -> int:
@@ -134,13 +136,24 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise UsageError(f"environment variable {key}={env[key]!r} is not an integer") from None
 
 
-def _job_fields(env: Mapping[str, str]) -> dict[str, object]:
+def _make(
+    env: Mapping[str, str],
+    rank: int,
+    world: int,
+    local: int,
+    addr: str,
+    port: int,
+    source: str,
+    hosts: tuple[str, ...] = (),
+) -> Rendezvous:
     restarts = env.get("SLURM_RESTART_COUNT", "0")
-    return {
-        "job_id": env.get("SLURM_JOB_ID", ""),
-        "job_name": env.get("SLURM_JOB_NAME", ""),
-        "restart_count": int(restarts) if restarts.isdigit() else 0,
-    }
+    return Rendezvous(
+        rank, world, local, addr, port, source,
+        job_id=env.get("SLURM_JOB_ID", ""),
+        job_name=env.get("SLURM_JOB_NAME", ""),
+        restart_count=int(restarts) if restarts.isdigit() else 0,
+        hosts=hosts,
+    )  # fmt: skip
 
 
 def _from_env(env: Mapping[str, str]) -> Rendezvous:
@@ -149,7 +162,7 @@ def _from_env(env: Mapping[str, str]) -> Rendezvous:
     addr = env.get("MASTER_ADDR", "127.0.0.1")
     port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
     local = int(env.get("LOCAL_RANK", "0"))
-    return Rendezvous(rank, world, local, addr, port, "env", **_job_fields(env))  # type: ignore[arg-type]
+    return _make(env, rank, world, local, addr, port, "env")
 
 
 def _from_slurm(env: Mapping[str, str]) -> Rendezvous:
@@ -162,7 +175,7 @@ def _from_slurm(env: Mapping[str, str]) -> Rendezvous:
     addr = env.get("MASTER_ADDR", hosts[0])
     port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
     local = int(env.get("SLURM_LOCALID", "0"))
-    return Rendezvous(rank, world, local, addr, port, "slurm", hosts=hosts, **_job_fields(env))  # type: ignore[arg-type]
+    return _make(env, rank, world, local, addr, port, "slurm", hosts)
 
 
 def _from_mpi(env: Mapping[str, str]) -> Rendezvous:
@@ -177,7 +190,7 @@ def _from_mpi(env: Mapping[str, str]) -> Rendezvous:
     addr, port = comm.bcast(mine, root=0)
     local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
     hosts = tuple(dict.fromkeys(comm.allgather(socket.gethostname())))
-    return Rendezvous(rank, world, local, addr, port, "mpi", hosts=hosts, **_job_fields(env))  # type: ignore[arg-type]
+    return _make(env, rank, world, local, addr, port, "mpi", hosts)
 
 
 def _check_rank(rank: int, world: int) -> None:
@@ -197,8 +210,13 @@ def init_process_group(rv: Rendezvous, backend: str, timeout_s: float) -> None:
 
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        store = dist.TCPStore(
-            rv.master_addr, rv.master_port, rv.world_size, rv.rank == 0, timeout=timeout, wait_for_workers=True
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            rv.master_addr,
+            rv.master_port,
+            rv.world_size,
+            rv.rank == 0,
+            timeout=timeout,
+            wait_for_workers=True,
         )
     except (RuntimeError, OSError) as exc:
         raise RendezvousTimeout(_timeout_message(rv, timeout_s, exc)) from exc

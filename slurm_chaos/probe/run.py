@@ -145,7 +145,9 @@ def _run_in_group(cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str) -
     return _run_train(cfg, rv, device, backend, host, gpu, nvml)
 
 
-def _attrs(cfg: ProbeConfig, rv: Rendezvous, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None) -> dict[str, Any]:
+def _attrs(
+    cfg: ProbeConfig, rv: Rendezvous, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None
+) -> dict[str, Any]:
     import torch
 
     return {
@@ -236,7 +238,12 @@ def _open_writer(
     carried = None if fresh else carry_over(path)
     attempt = carried[0].attempts if carried else 0
     writer = RankWriter(
-        path, attrs, attempt=attempt, allreduce=allreduce, flush_every=cfg.flush_every, flush_interval=cfg.flush_interval
+        path,
+        attrs,
+        attempt=attempt,
+        allreduce=allreduce,
+        flush_every=cfg.flush_every,
+        flush_interval=cfg.flush_interval,
     )
     if carried:
         writer.copy_previous(carried[1], carried[2])
@@ -244,12 +251,23 @@ def _open_writer(
 
 
 def _run_train(
-    cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str, host: tel.HostInfo, gpu: tel.GpuInfo | None, nvml: Any
+    cfg: ProbeConfig,
+    rv: Rendezvous,
+    device: Any,
+    backend: str,
+    host: tel.HostInfo,
+    gpu: tel.GpuInfo | None,
+    nvml: Any,
 ) -> Summary:
     from slurm_chaos.probe.workload import MODEL_SIZES, Trainer
 
     trainer = Trainer(
-        MODEL_SIZES[cfg.model_size], device, seed=cfg.seed, rank=rv.rank, world_size=rv.world_size, bucket_mb=cfg.bucket_mb
+        MODEL_SIZES[cfg.model_size],
+        device,
+        seed=cfg.seed,
+        rank=rv.rank,
+        world_size=rv.world_size,
+        bucket_mb=cfg.bucket_mb,
     )
     checkpointer, start, load_time = None, 0, 0.0
     if cfg.ckpt_dir is not None:
@@ -263,24 +281,43 @@ def _run_train(
     steps_lost = _record_resume(writer, start, load_time, previous, rv)
     _numa_event(writer, host, gpu)
     sampler = _start_sampler(nvml, gpu, cfg.telemetry_interval, writer)
-    _say(rv.rank, f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
-         f"backend {backend}, steps {start}..{cfg.steps - 1}")
+    _say(
+        rv.rank,
+        f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
+        f"backend {backend}, steps {start}..{cfg.steps - 1}",
+    )
     times: list[float] = []
     try:
-        times = _train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start)
+        times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start)
     except (RuntimeError, OSError) as exc:
         _close(writer, sampler, {"exit_reason": f"collective failed: {exc}"[:500]})
-        raise PeerLost(f"rank {rv.rank} on {host.host}: a collective failed (peer dead or unreachable): "
-                       f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        raise PeerLost(
+            f"rank {rv.rank} on {host.host}: a collective failed (peer dead or unreachable): "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
     except Terminated as exc:
         _close(writer, sampler, {"exit_reason": str(exc)})
         raise
     failures = _finish_checkpoints(checkpointer, writer, cfg)
     total_failures = _sum_over_ranks(failures)
-    _close(writer, sampler, {"exit_reason": "done", "param_checksum": trainer.checksum(), "steps_completed": len(times)})
+    _close(
+        writer,
+        sampler,
+        {"exit_reason": "done", "param_checksum": trainer.checksum(), "steps_completed": len(times)},
+    )
     return Summary(
-        cfg.mode, rv.rank, len(times), cfg.steps - 1, statistics.median(times) if times else float("nan"), rv.world_size,
-        backend, previous.attempts if previous else rv.restart_count, start, steps_lost, total_failures, str(cfg.out),
+        cfg.mode,
+        rv.rank,
+        len(times),
+        cfg.steps - 1,
+        statistics.median(times) if times else float("nan"),
+        rv.world_size,
+        backend,
+        previous.attempts if previous else rv.restart_count,
+        start,
+        steps_lost,
+        total_failures,
+        str(cfg.out),
     )
 
 
@@ -291,7 +328,11 @@ def _record_resume(
         return 0
     last = previous.last_step if previous else -1
     lost = last + 1 - start if last >= 0 else -1
-    downtime = time.time() - previous.last_end_time if previous and previous.last_end_time == previous.last_end_time else float("nan")
+    downtime = (
+        time.time() - previous.last_end_time
+        if previous and previous.last_end_time == previous.last_end_time
+        else float("nan")
+    )
     writer.event(
         "resumed",
         f"restart_step={start} steps_lost={lost} last_step_before={last} recovery_time_s={downtime:.3f} "
@@ -301,7 +342,9 @@ def _record_resume(
     return lost
 
 
-def _start_sampler(nvml: Any, gpu: tel.GpuInfo | None, interval: float, writer: RankWriter) -> tel.NvmlSampler | None:
+def _start_sampler(
+    nvml: Any, gpu: tel.GpuInfo | None, interval: float, writer: RankWriter
+) -> tel.NvmlSampler | None:
     if nvml is None or gpu is None:
         return None
     try:
@@ -323,7 +366,7 @@ def _drain_sampler(sampler: tel.NvmlSampler | None, writer: RankWriter) -> None:
         writer.event(kind, detail, when)
 
 
-def _train_loop(
+def train_loop(
     cfg: ProbeConfig,
     rv: Rendezvous,
     trainer: Any,
@@ -344,7 +387,9 @@ def _train_loop(
             checkpointer.start(step + 1, lambda: ckpt.cpu_copy(trainer.state()))
             ckpt_time = time.perf_counter() - t1
         step_time = time.perf_counter() - t0
-        writer.append_step(StepRecord(step, t_start, step_time, st.compute, st.comm, st.optimizer, st.data, ckpt_time))
+        writer.append_step(
+            StepRecord(step, t_start, step_time, st.compute, st.comm, st.optimizer, st.data, ckpt_time)
+        )
         times.append(step_time)
         if checkpointer is not None:
             for when, kind, detail in checkpointer.poll():
@@ -398,7 +443,9 @@ def _run_allreduce(
     attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0}
     writer, _ = _open_writer(cfg, rv, attrs, fresh=True, allreduce=True)
     _numa_event(writer, host, gpu)
-    rows, times, step = [], [], 0
+    rows: list[tuple[int, float, float, float]] = []
+    times: list[float] = []
+    step = 0
     try:
         for nbytes in message_sizes(cfg.min_bytes, max_bytes):
             r = allreduce_size(nbytes, cfg.steps, cfg.warmup, device, rv.world_size)
@@ -409,16 +456,32 @@ def _run_allreduce(
                 t += dt
                 step += 1
             times.extend(r.iteration_times)
-            _say(rv.rank, f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
-                 f"busbw {r.busbw:7.3f} GB/s")
+            _say(
+                rv.rank,
+                f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
+                f"busbw {r.busbw:7.3f} GB/s",
+            )
     except (RuntimeError, OSError) as exc:
         _close(writer, None, {"exit_reason": f"collective failed: {exc}"[:500]})
-        raise PeerLost(f"rank {rv.rank} on {host.host}: all_reduce failed (peer dead or unreachable): {exc}") from exc
+        raise PeerLost(
+            f"rank {rv.rank} on {host.host}: all_reduce failed (peer dead or unreachable): {exc}"
+        ) from exc
     writer.allreduce_rows(rows)
     _close(writer, None, {"exit_reason": "done", "steps_completed": step})
     return Summary(
-        cfg.mode, rv.rank, step, step - 1, statistics.median(times) if times else float("nan"), rv.world_size, backend,
-        rv.restart_count, 0, 0, 0, str(cfg.out), max((r[3] for r in rows), default=float("nan")),
+        cfg.mode,
+        rv.rank,
+        step,
+        step - 1,
+        statistics.median(times) if times else float("nan"),
+        rv.world_size,
+        backend,
+        rv.restart_count,
+        0,
+        0,
+        0,
+        str(cfg.out),
+        max((r[3] for r in rows), default=float("nan")),
     )
 
 

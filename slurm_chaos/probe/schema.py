@@ -8,17 +8,40 @@ File attributes: ``schema_version`` (int), ``rank``, ``world_size``, ``local_ran
 run: 0 for a fresh start, >0 after resuming from a checkpoint), ``cpu_affinity`` (str, e.g. "0-3"),
 ``cpu_numa_nodes`` (str), ``numa_mismatch`` (bool), ``gpu_index`` (int, -1 without a GPU).
 
+Further attributes written at start: ``job_name``, ``restart_count`` (SLURM_RESTART_COUNT),
+``attempt`` (int, 0 for the first attempt, +1 per requeue that found an earlier file),
+``rendezvous`` ("slurm", "mpi", "env", "single"), ``model_size``, ``seed``, ``steps_planned``,
+``params`` (train: parameter count), ``torch_version``, ``mempolicy`` (get_mempolicy(2), e.g.
+"default", "bind:0"), ``mems_allowed``, ``gpu_uuid``, ``gpu_pci_bus_id``, ``gpu_numa_node`` (-1 if
+unknown), ``gpu_name``. Written when the rank closes the file (absent if it was killed):
+``complete`` (True: closed by the probe, whatever the outcome), ``end_time``, ``exit_reason``
+("done", "collective failed: ...", "stopped by signal SIGTERM"), ``steps_completed``,
+``param_checksum`` (train: sum of all weights, equal on every rank), and after a resume
+``steps_lost`` (-1 if unknown) and ``recovery_time`` (s from the previous attempt's last step to
+this attempt's start).
+
 Group ``steps`` (resizable, one entry per step, appended and flushed as the run goes):
-``step`` (int64), ``t_start`` (float64 Unix seconds), and float64 seconds ``step_time``,
-``compute_time``, ``comm_time``, ``optimizer_time``, ``data_time``, ``checkpoint_time``.
+``step`` (int64), ``attempt`` (int64), ``t_start`` (float64 Unix seconds), and float64 seconds
+``step_time``, ``compute_time`` (forward+backward), ``comm_time`` (gradient all_reduce, measured),
+``optimizer_time``, ``data_time``, ``checkpoint_time`` (the training thread's share: copying the
+state to host memory; the write itself runs in the background). In mode allreduce each step is one
+timed all_reduce (``step_time`` = ``comm_time``).
 
-Group ``events``: ``time`` (float64), ``kind`` (str), ``detail`` (str); kinds listed in
-:data:`EVENT_KINDS`.
+Requeued jobs: the earlier attempt's file is kept as ``rank-<R>.attempt-<A>.h5`` and its steps and
+events are copied ahead of the new attempt's in ``rank-<R>.h5``, so steps re-run after a resume
+appear twice (tell them apart by ``steps/attempt``).
 
-Group ``telemetry`` (GPU ranks only): ``time`` plus one float64 dataset per NVML sample field.
+Group ``events``: ``time`` (float64), ``kind`` (fixed-length bytes, 32), ``detail`` (bytes, 512);
+kinds listed in :data:`EVENT_KINDS`.
+
+Group ``telemetry`` (filled on GPU ranks with NVML): ``time`` plus one float64 dataset per NVML
+sample field (:data:`TELEMETRY_FIELDS`; NaN where the GPU does not support a field).
 
 Group ``allreduce`` (mode allreduce): ``size_bytes`` (int64), ``time`` (float64 s, median per
 size), ``algbw`` and ``busbw`` (float64 GB/s, nccl-tests' definitions).
+
+The file is written in SWMR mode (libver "latest"): open it with ``reader.open_probe_file`` (or
+h5py's ``swmr=True``) while it is being written or after its writer was killed.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import os
 import platform
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -171,16 +172,17 @@ def gpu_info(device: int, nvml: Any) -> GpuInfo:
     uuid = str(getattr(props, "uuid", ""))
     uuid = uuid if not uuid or uuid.startswith("GPU-") else f"GPU-{uuid}"
     bus = ""
-    if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    pci = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if all(isinstance(v, int) for v in pci):
+        bus = f"{pci[0]:08x}:{pci[1]:02x}:{pci[2]:02x}.0"
     index = device
     if nvml is not None and uuid:
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
             index = int(nvml.nvmlDeviceGetIndex(handle))
             bus = _str(nvml.nvmlDeviceGetPciInfo(handle).busId)
-        except Exception:  # an NVML that cannot map the UUID still leaves torch's view
-            pass
+        except Exception as exc:  # an NVML that cannot map the UUID still leaves torch's view
+            print(f"probe: NVML does not know CUDA device {device} ({uuid}): {exc}", file=sys.stderr)
     return GpuInfo(index, uuid, bus, pci_numa_node(bus) if bus else -1, str(props.name))
 
 
@@ -244,7 +246,10 @@ class NvmlSampler:
 
     def _clock_event_reasons(self) -> float:
         n = self.nvml
-        get = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        get = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         return float(get(self.handle))
 
     def _ecc(self, kind: int) -> float:
@@ -266,10 +271,13 @@ class NvmlSampler:
                 self.events.put((now, "gpu_throttle", f"clock-event reasons 0x{int(reasons):x}"))
             self._last_reasons = int(reasons)
         ecc = (values["gpu_ecc_volatile_dbe"], values["gpu_ecc_volatile_sbe"])
-        for label, new, old in zip(("dbe", "sbe"), ecc, self._last_ecc):
+        for label, new, old in zip(("dbe", "sbe"), ecc, self._last_ecc, strict=True):
             if new == new and new > old:
                 self.events.put((now, "gpu_ecc", f"volatile {label} count {old:g} -> {new:g}"))
-        self._last_ecc = tuple(e if e == e else o for e, o in zip(ecc, self._last_ecc))  # type: ignore[assignment]
+        self._last_ecc = (
+            ecc[0] if ecc[0] == ecc[0] else self._last_ecc[0],
+            ecc[1] if ecc[1] == ecc[1] else self._last_ecc[1],
+        )
 
     def _xid_loop(self) -> None:
         n = self.nvml

@@ -11,6 +11,7 @@ so a resumed run sees the same data as an uninterrupted one.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -89,7 +90,14 @@ class Trainer:
     """One rank's model, optimizer, flat gradient buckets and synthetic data."""
 
     def __init__(
-        self, size: ModelSize, device: torch.device, *, seed: int, rank: int, world_size: int, bucket_mb: float = 25.0
+        self,
+        size: ModelSize,
+        device: torch.device,
+        *,
+        seed: int,
+        rank: int,
+        world_size: int,
+        bucket_mb: float = 25.0,
     ) -> None:
         torch.manual_seed(seed)
         self.size = size
@@ -116,8 +124,8 @@ class Trainer:
     def _make_buckets(self, bucket_elems: int) -> list[torch.Tensor]:
         # Parameters are laid out in registration order; gradients arrive roughly in reverse.
         n = self.flat_grad.numel()
-        bounds = list(range(0, n, max(1, bucket_elems))) + [n]
-        return [self.flat_grad[a:b] for a, b in zip(bounds, bounds[1:])][::-1]
+        bounds = [*range(0, n, max(1, bucket_elems)), n]
+        return [self.flat_grad[a:b] for a, b in itertools.pairwise(bounds)][::-1]
 
     @property
     def numel(self) -> int:
@@ -140,8 +148,8 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.flat_grad.zero_()
         logits = self.model(x)
-        loss = self.loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
+        loss: torch.Tensor = self.loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()  # type: ignore[no-untyped-call]
         return loss
 
     def allreduce_gradients(self) -> None:
@@ -214,7 +222,9 @@ def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     return [2**e for e in range(lo, hi + 1)]
 
 
-def allreduce_size(nbytes: int, iters: int, warmup: int, device: torch.device, world_size: int) -> AllreduceResult:
+def allreduce_size(
+    nbytes: int, iters: int, warmup: int, device: torch.device, world_size: int
+) -> AllreduceResult:
     """Time `iters` float32 all_reduces of `nbytes` each, after `warmup` untimed ones."""
     sync = _sync_fn(device)
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)

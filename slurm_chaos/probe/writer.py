@@ -140,7 +140,9 @@ class RankWriter:
             _append(group[name], [row[i] for row in rows])
         self.flush()
 
-    def copy_previous(self, steps: Mapping[str, np.ndarray], events: Sequence[tuple[float, str, str]]) -> None:
+    def copy_previous(
+        self, steps: Mapping[str, np.ndarray], events: Sequence[tuple[float, str, str]]
+    ) -> None:
         """Write an earlier attempt's steps (arrays keyed by dataset name) and events ahead of ours."""
         g = self._file["steps"]
         n = len(steps.get("step", ()))
@@ -212,7 +214,9 @@ def attempt_path(path: Path, attempt: int) -> Path:
     return path.with_name(f"{path.stem}.attempt-{attempt}{path.suffix}")
 
 
-def carry_over(path: Path) -> tuple[PreviousAttempt, dict[str, np.ndarray], list[tuple[float, str, str]]] | None:
+def carry_over(
+    path: Path,
+) -> tuple[PreviousAttempt, dict[str, np.ndarray], list[tuple[float, str, str]]] | None:
     """Move an earlier attempt's rank file aside and return what it recorded (None if there is none).
 
     A file that cannot be read (killed before its first flush) is still moved aside, and the new

@@ -181,9 +181,8 @@ class SlurmCLI:
                 log.warning("sacct failed, keeping squeue's view: %s", exc)
                 return {}
             raise
-        found = {j: parse.acct_to_job(rec) for j, rec in runs.items()}
-        # squeue's restart count survives even when accounting lacks a record of an early run.
-        return {j: _merge(live.get(j), info) for j, info in found.items()}
+        found = {j: parse.acct_to_job(rec) for j, rec in runs.items() if j in ids}
+        return {j: _merge(live.get(j), info) for j, info in found.items() if _same_run(live.get(j), info)}
 
     def _sacct(self, ids: Sequence[str], allocations_only: bool) -> list[AcctRecord]:
         selection = ["--duplicates", f"--jobs={','.join(ids)}"] + (
@@ -197,6 +196,13 @@ class SlurmCLI:
             self._run(["sacct", "--noheader", "--parsable2", *selection, f"--format={fields}"])
         )
         return parse.parse_sacct_parsable(done.stdout)
+
+
+def _same_run(live: JobInfo | None, finished: JobInfo) -> bool:
+    """False when accounting's latest record predates the run squeue reports (not landed yet)."""
+    if live is None or live.submit_time is None or finished.submit_time is None:
+        return True
+    return finished.submit_time >= live.submit_time
 
 
 def _merge(live: JobInfo | None, finished: JobInfo) -> JobInfo:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """A job's effective state as Slurm names it (squeue %T, sacct State)."""
 
     PENDING = "PENDING"

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_chaos import hostlist
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo
 
@@ -34,83 +35,19 @@ _EMPTY = frozenset({"", "(null)", "None", "none", "N/A", "Unknown", "None assign
 # ---------------------------------------------------------------- hostlists
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside brackets: `a[1,2],b` -> [`a[1,2]`, `b`]."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _expand_range(spec: str) -> list[str]:
-    """`01-03,7` -> [`01`, `02`, `03`, `7`], keeping the zero padding of each lower bound."""
-    out: list[str] = []
-    for item in spec.split(","):
-        lo, _, hi = item.partition("-")
-        if not hi:
-            out.append(lo)
-            continue
-        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-            raise SlurmError(f"bad host range [{spec}]: {item!r}")
-        width = len(lo) if lo.startswith("0") else 0
-        out.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
-    return out
-
-
-def _expand_one(name: str) -> list[str]:
-    """Expand one hostlist term; several bracket groups give their product (`r[1-2]n[1-2]`)."""
-    m = re.search(r"\[([^\]]*)\]", name)
-    if not m:
-        return [name]
-    head, tail = name[: m.start()], name[m.end() :]
-    return [head + mid + rest for mid in _expand_range(m.group(1)) for rest in _expand_one(tail)]
-
-
 def expand_hostlist(nodelist: str) -> list[str]:
-    """`node[1-3,5],gpu[01-02],login` -> every hostname, in Slurm's order."""
+    """`node[1-3,5],gpu[01-02],login` -> every hostname, in Slurm's order; `None assigned` -> []."""
     if nodelist.strip() in _EMPTY:
         return []
-    return [host for term in _split_top_level(nodelist) for host in _expand_one(term)]
-
-
-def _ranges(numbers: Sequence[int], width: int) -> str:
-    """[1, 2, 3, 5] -> `1-3,5` (zero-filled to width)."""
-    spans: list[list[int]] = []
-    for n in numbers:
-        if spans and n == spans[-1][1] + 1:
-            spans[-1][1] = n
-        else:
-            spans.append([n, n])
-    fmt = [str(lo).zfill(width) + ("" if lo == hi else "-" + str(hi).zfill(width)) for lo, hi in spans]
-    return ",".join(fmt)
+    try:
+        return hostlist.expand_hostlist(nodelist.strip())
+    except ValueError as exc:
+        raise SlurmError(f"bad Slurm hostlist {nodelist!r}: {exc}") from exc
 
 
 def compress_hostlist(hosts: Iterable[str]) -> str:
     """Inverse of expand_hostlist: [`node1`, `node2`, `node3`, `node5`] -> `node[1-3,5]`."""
-    groups: dict[tuple[str, int], set[int]] = {}
-    plain: dict[str, None] = {}
-    for host in hosts:
-        m = re.fullmatch(r"(.*?)(\d+)", host)
-        if not m:
-            plain[host] = None
-            groups.setdefault((host, -1), set())
-            continue
-        digits = m.group(2)
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
-        groups.setdefault((m.group(1), width), set()).add(int(digits))
-    terms = []
-    for (prefix, width), numbers in groups.items():
-        if width < 0:
-            terms.append(prefix)
-        elif len(numbers) == 1:
-            terms.append(prefix + str(next(iter(numbers))).zfill(width))
-        else:
-            terms.append(f"{prefix}[{_ranges(sorted(numbers), width)}]")
-    return ",".join(terms)
+    return hostlist.compress_hostlist(list(hosts))
 
 
 # ---------------------------------------------------------------- scalars
@@ -192,7 +129,9 @@ def _json_exit(value: Any) -> tuple[int | None, int | None]:
     if isinstance(value, dict):
         signal = value.get("signal") or {}
         sig = _number(signal.get("id", signal.get("signal_id"))) if isinstance(signal, dict) else None
-        return _number(value.get("return_code")), sig
+        code = _number(value.get("return_code"))
+        # Same convention as sacct's `0:15`: a signalled process has exit code 0.
+        return (None, None) if code is None and sig is None else (code or 0, sig or 0)
     n = _number(value)
     return _wait_status(n) if n is not None else (None, None)
 
@@ -278,7 +217,7 @@ def parse_squeue_fields(text: str) -> dict[str, JobInfo]:
     """`squeue -h -O <SQUEUE_FIELDS with :| suffix>` -> jobs by id."""
     jobs = {}
     for row in _delimited(text, SQUEUE_FIELDS, name_at=1):
-        f = dict(zip(SQUEUE_FIELDS, row))
+        f = dict(zip(SQUEUE_FIELDS, row, strict=True))
         status = f["exit_code"].strip()
         code, sig = _wait_status(int(status)) if status.isdigit() else (None, None)
         job = JobInfo(
@@ -304,9 +243,22 @@ def parse_squeue_fields(text: str) -> dict[str, JobInfo]:
 # ---------------------------------------------------------------- sacct
 
 
-def _number_requeues(records: list[AcctRecord]) -> list[AcctRecord]:
-    """Each job-level record of a job is one run; number them by submit time (0 = first run).
+# States a run can end in and still be followed by another run of the same job.
+_REQUEUE_STATES = frozenset(
+    {JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.REQUEUE_FED, JobState.NODE_FAIL, JobState.PREEMPTED}
+)
 
+
+def _submit_order(records: Sequence[AcctRecord], positions: list[int]) -> list[int]:
+    return sorted(positions, key=lambda i: (records[i].submit_time or _EPOCH0, i))
+
+
+def _number_requeues(records: list[AcctRecord]) -> list[AcctRecord]:
+    """Number the runs of each job (0 = first run) in submit order.
+
+    A run follows a requeue only when the run before it ended REQUEUED (or NODE_FAIL/PREEMPTED);
+    after any other end the count starts again, since then the id belongs to a new job (a
+    controller whose state was wiped hands out ids that slurmdbd has seen before).
     Steps inherit the count of the run they belong to (the job record listed before them).
     """
     runs: dict[str, list[int]] = {}
@@ -315,8 +267,10 @@ def _number_requeues(records: list[AcctRecord]) -> list[AcctRecord]:
             runs.setdefault(rec.job_id, []).append(i)
     index: dict[int, int] = {}
     for positions in runs.values():
-        ordered = sorted(positions, key=lambda i: (records[i].submit_time or _EPOCH0, i))
-        index.update({pos: max(n, records[pos].requeues) for n, pos in enumerate(ordered)})
+        count = 0
+        for pos in _submit_order(records, positions):
+            index[pos] = max(count, records[pos].requeues)
+            count = index[pos] + 1 if records[pos].state in _REQUEUE_STATES else 0
     out, current = [], 0
     for i, rec in enumerate(records):
         current = index.get(i, current)
@@ -337,7 +291,7 @@ def parse_sacct_parsable(text: str) -> list[AcctRecord]:
     """`sacct -n -P -o <SACCT_FIELDS>` (with or without -X, usually -D) -> records in order."""
     records = []
     for row in _delimited(text, SACCT_FIELDS, name_at=2):
-        f = dict(zip(SACCT_FIELDS, row))
+        f = dict(zip(SACCT_FIELDS, row, strict=True))
         job, step = _split_job_step(f["JobID"].strip())
         code, sig = parse_exit_code(f["ExitCode"])
         elapsed = f["ElapsedRaw"].strip()
@@ -428,11 +382,13 @@ def parse_sacct_json(text: str) -> list[AcctRecord]:
 
 
 def latest_runs(records: Iterable[AcctRecord]) -> dict[str, AcctRecord]:
-    """The current (latest) run of each job among job-level records."""
+    """The current (last submitted) run of each job among job-level records."""
     latest: dict[str, AcctRecord] = {}
     for rec in records:
-        if rec.step is None and (rec.job_id not in latest or rec.requeues >= latest[rec.job_id].requeues):
-            latest[rec.job_id] = rec
+        if rec.step is None:
+            best = latest.get(rec.job_id)
+            if best is None or (rec.submit_time or _EPOCH0) >= (best.submit_time or _EPOCH0):
+                latest[rec.job_id] = rec
     return latest
 
 
@@ -464,8 +420,10 @@ _REASON = re.compile(r"(?:^|\s)Reason=(.*?)\s*\[([^\]@\s]*)@([^\]\s]*)\]")
 def _pairs(line: str) -> dict[str, str]:
     """`A=1 B=two words C=x=y` -> {A: 1, B: `two words`, C: `x=y`}."""
     keys = list(_KEY.finditer(line))
+    if not keys:
+        return {}
     out = {}
-    for k, nxt in zip(keys, keys[1:] + [None]):
+    for k, nxt in zip(keys, [*keys[1:], None], strict=True):
         end = nxt.start() if nxt else len(line)
         out[k.group(1)] = line[k.end() : end].strip()
     return out

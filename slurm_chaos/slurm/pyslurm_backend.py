@@ -98,7 +98,7 @@ class PyslurmScheduler:
         gone = [j for j in ids if j not in jobs or jobs[j].state.is_terminal]
         if gone:
             runs = parse.latest_runs(self.cli.accounting(gone))
-            jobs.update({j: parse.acct_to_job(r) for j, r in runs.items() if r.step is None})
+            jobs.update({j: parse.acct_to_job(r) for j, r in runs.items() if j in gone})
         return {j: jobs[j] for j in ids if j in jobs}
 
     def cancel(self, job_ids: Iterable[str]) -> None:

@@ -71,7 +71,10 @@ def test_hung_write_is_reported_and_not_doubled(tmp_path: Path) -> None:
     assert copies == []  # and the training thread did not even copy the state
     events = c.poll()
     kinds = [k for _, k, _ in events]
-    assert kinds == ["checkpoint_skipped", "checkpoint_hang"] or kinds == ["checkpoint_hang", "checkpoint_skipped"]
+    assert kinds == ["checkpoint_skipped", "checkpoint_hang"] or kinds == [
+        "checkpoint_hang",
+        "checkpoint_skipped",
+    ]
     assert len(calls) == 1
     release.set()
     assert c.wait(10)
@@ -85,7 +88,9 @@ def _mount_tmpfs(path: Path, options: str) -> None:
     path.mkdir(exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount tmpfs here: {res.stderr.strip()}")
 

@@ -67,17 +67,30 @@ def test_resolve_from_slurm_env() -> None:
         "SLURM_RESTART_COUNT": "2",
     }
     rv = resolve(env)
-    assert rv == Rendezvous(3, 4, 1, "node3", port_for_job("812"), "slurm", "812", "probe", 2, ("node3", "node4"))
+    assert rv == Rendezvous(
+        3, 4, 1, "node3", port_for_job("812"), "slurm", "812", "probe", 2, ("node3", "node4")
+    )
 
 
 def test_resolve_prefers_step_nodelist() -> None:
-    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_STEP_NODELIST": "n[3-4]"}
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NODELIST": "n[1-4]",
+        "SLURM_STEP_NODELIST": "n[3-4]",
+    }
     assert resolve(env).master_addr == "n3"
 
 
 def test_resolve_from_plain_env() -> None:
     rv = resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "4000"})
-    assert (rv.rank, rv.world_size, rv.master_addr, rv.master_port, rv.source) == (1, 2, "10.0.0.1", 4000, "env")
+    assert (rv.rank, rv.world_size, rv.master_addr, rv.master_port, rv.source) == (
+        1,
+        2,
+        "10.0.0.1",
+        4000,
+        "env",
+    )
 
 
 @pytest.mark.parametrize(

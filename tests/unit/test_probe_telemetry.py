@@ -16,7 +16,9 @@ from slurm_chaos.probe.local import REPO_ROOT
 from slurm_chaos.probe.schema import TELEMETRY_FIELDS
 
 
-@pytest.mark.parametrize(("text", "cpus"), [("0-2,5", {0, 1, 2, 5}), ("7", {7}), ("", set()), ("0-1,3-4\n", {0, 1, 3, 4})])
+@pytest.mark.parametrize(
+    ("text", "cpus"), [("0-2,5", {0, 1, 2, 5}), ("7", {7}), ("", set()), ("0-1,3-4\n", {0, 1, 3, 4})]
+)
 def test_cpulist_roundtrip(text: str, cpus: set[int]) -> None:
     assert tel.parse_cpulist(text) == cpus
     assert tel.parse_cpulist(tel.format_cpulist(cpus)) == cpus
@@ -66,13 +68,19 @@ def test_host_info_of_this_process() -> None:
     assert info.mempolicy == "default"
 
 
-@pytest.mark.parametrize(("flag", "expected"), [("--membind=0", "bind:0"), ("--interleave=0", "interleave:0")])
+@pytest.mark.parametrize(
+    ("flag", "expected"), [("--membind=0", "bind:0"), ("--interleave=0", "interleave:0")]
+)
 def test_mempolicy_seen_under_numactl(flag: str, expected: str) -> None:
     if not Path("/usr/bin/numactl").exists():
         pytest.skip("numactl is not installed")
     code = "from slurm_chaos.probe.telemetry import mempolicy; print(mempolicy())"
     out = subprocess.run(
-        ["numactl", flag, sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+        ["numactl", flag, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
     )
     assert out.stdout.strip() == expected
 
@@ -131,9 +139,11 @@ class FakeNvml:
 def test_sampler_reads_fields_and_derives_events() -> None:
     nvml = FakeNvml()
     sampler = tel.NvmlSampler(nvml, 0)
-    when, values = sampler.sample_once()
-    sample = dict(zip(TELEMETRY_FIELDS, values))
-    assert sample["gpu_temp_c"] == 61 and sample["gpu_power_w"] == 312.5 and sample["gpu_sm_clock_mhz"] == 1980
+    _, values = sampler.sample_once()
+    sample = dict(zip(TELEMETRY_FIELDS, values, strict=True))
+    assert (
+        sample["gpu_temp_c"] == 61 and sample["gpu_power_w"] == 312.5 and sample["gpu_sm_clock_mhz"] == 1980
+    )
     assert sample["gpu_ecc_volatile_dbe"] != sample["gpu_ecc_volatile_dbe"]  # NaN: not supported
     nvml.reasons = 0x40 | 0x1  # hardware thermal slowdown begins
     nvml.ecc[0] = 3

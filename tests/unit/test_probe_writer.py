@@ -41,7 +41,9 @@ def test_roundtrip_through_reader(tmp_path: Path) -> None:
     assert rk.comm_time.tolist() == [0.125] * 7
     assert set(rk.fields) == set(STEP_FIELDS)
     assert rk.t_start[3] == 1003.0
-    assert [(e.kind, e.detail) for e in rk.events] == [("checkpoint_failed", "step 5: ENOSPC: No space left on device")]
+    assert [(e.kind, e.detail) for e in rk.events] == [
+        ("checkpoint_failed", "step 5: ENOSPC: No space left on device")
+    ]
     assert rk.telemetry["gpu_power_w"].tolist() == [1.0]
     assert rk.attrs["complete"] is True and rk.attrs["steps_lost"] == 3 and rk.attrs["exit_reason"] == "done"
     assert read_run(tmp_path).matrix("step_time").shape == (1, 7)

@@ -1,0 +1,1 @@
+"""Experiments and campaigns: render, submit, inject, watch, roll back, report."""

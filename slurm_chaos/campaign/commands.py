@@ -1,0 +1,115 @@
+"""What `slurm-chaos run` and `slurm-chaos campaign` do; the CLI only parses options and prints."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from slurm_chaos.campaign import controller
+from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, shape_of
+from slurm_chaos.campaign.progress import Progress
+from slurm_chaos.errors import ConfigError, UsageError
+from slurm_chaos.experiment import Experiment, load_experiment
+from slurm_chaos.render import check_limits
+from slurm_chaos.runner import SubprocessRunner
+from slurm_chaos.site import Site, load_site
+from slurm_chaos.slurm.backend import Scheduler, make_scheduler
+
+log = logging.getLogger(__name__)
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+
+
+@dataclass(frozen=True)
+class Options:
+    site: Path
+    out: Path | None = None
+    resume: Path | None = None
+    dry_run: bool = False
+    time_budget_min: float | None = None
+    experiments_dirs: tuple[Path, ...] = ()
+    quiet: bool = False
+
+
+def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
+    path = Path(name) if name.endswith((".yaml", ".yml")) else SUITES / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SUITES.glob("*.yaml")))
+        raise UsageError(f"unknown suite {name!r} (known: {known})")
+    data = yaml.safe_load(path.read_text())
+    names = data.get("experiments") if isinstance(data, dict) else None
+    if not isinstance(names, list) or not names:
+        raise ConfigError(str(path), "experiments", "expected a non-empty list of experiment names")
+    return [load_experiment(str(n), extra) for n in names]
+
+
+def describe_plan(site: Site, experiments: list[Experiment]) -> str:
+    """The dry-run plan: one baseline per job shape, then each experiment's fault job."""
+    lines = [f"site {site.cluster} ({site.path}), partition {site.slurm.partition}, "
+             f"reservation {site.slurm.reservation or '-'}"]
+    shapes: dict[str, list[str]] = {}
+    for exp in experiments:
+        check_limits(site, exp)
+        shapes.setdefault(shape_of(site, exp).label, []).append(exp.name)
+    for label, names in shapes.items():
+        lines.append(f"baseline {label}: shared by {', '.join(names)}")
+    lines.append("")
+    lines.append(f"{'EXPERIMENT':<22} {'STRATEGY':<12} {'NODES':>5} {'FAULT':<40} EXPECT")
+    for exp in experiments:
+        expect = ", ".join(exp.expect.detect + exp.expect.remediation) or ("regression" if exp.expect.regression else "-")
+        lines.append(
+            f"{exp.name:<22} {exp.strategy:<12} {exp.nodes:>5} {exp.fault.spec or '(none: A/A control)':<40} {expect}"
+        )
+    return "\n".join(lines)
+
+
+def _scheduler(site: Site) -> Scheduler:
+    return make_scheduler(site.slurm_env(), SubprocessRunner(), timeout=10)
+
+
+def _control(site: Site, scheduler: Scheduler) -> controller.NodeControl:
+    runner = SubprocessRunner()
+    if site.sandbox:
+        return controller.SandboxNodeControl(site.sandbox, runner, scheduler)
+    return controller.SlurmNodeControl(scheduler, runner, site.slurm_env())
+
+
+def start(opts: Options, experiments: list[Experiment] | None, suite: str | None, kind: str) -> Campaign | str:
+    """The campaign ready to run, or the plan's text for a dry run."""
+    site = load_site(opts.site)
+    if suite is not None:
+        experiments = load_suite(suite, opts.experiments_dirs)
+    assert experiments is not None
+    if opts.dry_run:
+        return describe_plan(site, experiments)
+    scheduler = _scheduler(site)
+    return open_campaign(
+        site,
+        experiments,
+        opts.resume or opts.out,
+        resume=opts.resume is not None,
+        scheduler=scheduler,
+        runner=SubprocessRunner(),
+        control=_control(site, scheduler),
+        kind=kind,
+        progress=Progress(quiet=opts.quiet),
+        time_budget_s=opts.time_budget_min * 60 if opts.time_budget_min else None,
+    )
+
+
+def execute(camp: Campaign) -> tuple[str, int]:
+    """Run it, then report on what finished; (report table, exit code)."""
+    from slurm_chaos.analysis.commands import report_dir
+
+    finished = run_campaign(camp)
+    if not camp.manifest.experiments:
+        return f"no experiment finished; run directory {camp.run_dir}", 1 if finished else 130
+    text, code = report_dir(camp.run_dir, "table", None)
+    text += f"\nreport: {camp.run_dir / 'report.html'}  (json: report.json, junit: report.xml)\n"
+    if not finished:
+        text += f"partial: resume with --resume {camp.run_dir}\n"
+        return text, 130 if code == 0 else code
+    return text, code

@@ -1,0 +1,157 @@
+"""Revert what faults left behind: journals whose job ended (or whose deadline passed) without undo.
+
+Node-level state lives in the node's namespaces. Each journal's header records the network and
+mount namespaces its changes were made in; an undo run from elsewhere (the sandbox host, where
+every node is a pair of namespaces) enters them with ``nsenter`` through a process that still
+lives in them, while an undo run on the node itself (epilog, watchdog, ``srun -w node``) runs its
+commands directly. If no process is left in a namespace, the namespace and its state are gone and
+only host-wide changes (processes, cgroups) remain to undo.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
+from slurm_chaos.faults.journal import Header, Journal, Reverted, State, UndoContext, journals, revert
+from slurm_chaos.runner import Completed, Runner
+
+#: Job states after which nothing of the job runs on its nodes any more.
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+        "REQUEUED",
+        "PENDING",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+
+#: (job id) -> True running, False ended, None unknown (controller unreachable).
+JobProbe = Callable[[str], "bool | None"]
+
+
+@dataclass
+class NsRunner:
+    """A Runner that runs every command inside another process's network and mount namespaces."""
+
+    inner: Runner
+    pid: int
+    mount: bool = True
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> Completed:
+        flags = ["-n", "-m"] if self.mount else ["-n"]
+        return self.inner(["nsenter", "-t", str(self.pid), *flags, "--", *argv], timeout=timeout, env=env, input=input)
+
+
+def _pid_in(header: Header, proc: Path = node_proc.PROC) -> tuple[int | None, bool]:
+    """A live PID in the header's namespaces: (pid, also in its mount namespace)."""
+
+    def matches(pid: int, mount: bool) -> bool:
+        if node_proc.ns_inode(pid, "net", proc) != header.netns:
+            return False
+        return not mount or node_proc.ns_inode(pid, "mnt", proc) == header.mntns
+
+    if matches(header.ns_pid, True):
+        return header.ns_pid, True
+    net_only: int | None = None
+    for pid in node_proc.pids(proc):
+        if matches(pid, True):
+            return pid, True
+        if net_only is None and matches(pid, False):
+            net_only = pid
+    return net_only, False
+
+
+def node_runner(header: Header | None, runner: Runner, proc: Path = node_proc.PROC) -> Runner:
+    """A runner that acts in the namespaces the journal's changes were made in."""
+    if header is None or header.netns is None:
+        return runner
+    here_net = node_proc.ns_inode("self", "net", proc)
+    here_mnt = node_proc.ns_inode("self", "mnt", proc)
+    if here_net == header.netns and here_mnt == header.mntns:
+        return runner
+    pid, mount = _pid_in(header, proc)
+    if pid is None:
+        return runner  # the namespaces are gone, and with them their qdiscs and mounts
+    return NsRunner(runner, pid, mount)
+
+
+def squeue_probe(runner: Runner) -> JobProbe:
+    """Asks the controller whether a job still runs; None when it cannot tell."""
+
+    def probe(job_id: str) -> bool | None:
+        res = runner(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=15)
+        if not res.ok:
+            return False if "Invalid job id" in res.stderr else None
+        state = res.stdout.strip().split("\n")[0].strip()
+        return bool(state) and state not in ENDED_STATES
+
+    return probe
+
+
+def stale_reason(state: State, job_running: bool | None, now: float) -> str | None:
+    """Why a journal must be reverted now, or None to leave it to its epilog and agent."""
+    if not state.pending():
+        return None
+    deadline = state.deadline
+    if deadline is not None and now >= deadline:
+        return "deadline passed"
+    if state.closed:
+        return "an earlier undo left changes pending"
+    if job_running is False:
+        return "job no longer running"
+    return None
+
+
+def cleanup(
+    journal_root: Path,
+    nodes: list[str] | None,
+    runner: Runner,
+    job_running: JobProbe | None = None,
+    now: float | None = None,
+) -> list[str]:
+    """Revert stale journals under `journal_root` (of `nodes` only, if given); returns what was reverted.
+
+    A journal is stale when its deadline passed, its job ended (asked with squeue unless
+    `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too,
+    prefixed 'FAILED:', and stay pending for the next run.
+    """
+    probe = job_running or squeue_probe(runner)
+    t = time.time() if now is None else now
+    out: list[str] = []
+    for journal in journals(journal_root, nodes):
+        state = journal.read()
+        if not state.pending():
+            continue
+        reason = stale_reason(state, probe(journal.job_id), t)
+        if reason is None:
+            continue
+        result = revert_journal(journal, runner, by=f"cleanup ({reason})")
+        out += [f"{line} [{reason}]" for line in result.undone]
+        out += [f"FAILED: {line}" for line in result.failed]
+    return out
+
+
+def revert_journal(journal: Journal, runner: Runner, by: str, skip_pid: int | None = None) -> Reverted:
+    """Revert one journal in its own namespaces."""
+    header = journal.read().header
+    return revert(journal, UndoContext(node_runner(header, runner)), by=by, skip_pid=skip_pid)

@@ -1,0 +1,180 @@
+"""GPU faults: an XID in the kernel log, DCGM field injection, and real throttling with nvidia-smi.
+
+Each method reaches a different kind of detector. A kernel-log line (``NVRM: Xid (PCI:...): 79``
+written to /dev/kmsg) is what dmesg-based checks (NHC ``check_gpu_xid``) see; it cannot be taken
+back. ``dcgmi test --inject`` writes into DCGM's cache only (NVML and nvidia-smi never see it) and
+needs a running nv-hostengine; the undo injects the healthy value back. Clock locks and power
+caps really slow the GPU; the undo resets the clocks or restores the previous limit. On a node
+without GPUs (or without DCGM) the fault says so in the log and changes nothing it cannot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults.journal import Undo
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
+from slurm_chaos.faults.spec import FaultRequest
+from slurm_chaos.runner import Runner
+
+KMSG = Path("/dev/kmsg")
+
+#: DCGM field ids (dcgm_fields.h).
+FIELD_XID = 230
+FIELD_TEMP = 150
+FIELD_THERMAL_VIOLATION = 241
+FIELD_SBE_VOLATILE = 310
+FIELD_DBE_VOLATILE = 311
+
+XID_TEXT = {
+    79: "GPU has fallen off the bus.",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU.",
+    63: "Row remapping event.",
+    64: "Row remapper failure.",
+    13: "Graphics Engine Exception.",
+    31: "MMU Fault.",
+    74: "NVLink Error.",
+    94: "Contained ECC error.",
+    95: "Uncontained ECC error.",
+}
+
+
+def pci_bus_id(runner: Runner, gpu: int) -> str:
+    """The GPU's PCI bus id as NVRM prints it (0000:3b:00); made up from the index without GPUs."""
+    if shutil.which("nvidia-smi"):
+        res = runner(["nvidia-smi", "-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader"], timeout=10)
+        if res.ok and res.stdout.strip():
+            # nvidia-smi prints 00000000:3B:00.0; NVRM prints 0000:3b:00.
+            domain, bus, dev = res.stdout.strip().split(":")[:3]
+            return f"{domain[-4:]}:{bus}:{dev.split('.')[0]}".lower()
+    return f"0000:{0x18 + gpu:02x}:00"
+
+
+def xid_line(bus: str, xid: int, node: str, job_id: str) -> str:
+    """A kernel-log XID line in the NVRM format dmesg-based detectors match."""
+    what = XID_TEXT.get(xid, "Injected error.")
+    return f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=slurm-chaos, {what} (slurm-chaos: injected, node {node} job {job_id})"
+
+
+def have_dcgm(runner: Runner) -> bool:
+    if shutil.which("dcgmi") is None:
+        return False
+    return runner(["dcgmi", "discovery", "-l"], timeout=15).ok
+
+
+def dcgm_inject_argv(gpu: int, field: int, value: float | int) -> list[str]:
+    return ["dcgmi", "test", "--inject", "--gpuid", str(gpu), "-f", str(field), "-v", f"{value:g}"]
+
+
+def _inject(req: FaultRequest, ctx: JobContext, gpu: int, field: int, value: float, healthy: float) -> None:
+    argv = dcgm_inject_argv(gpu, field, value)
+    ctx.journal.record(req.name, " ".join(argv), Undo(argv=tuple(dcgm_inject_argv(gpu, field, healthy))), ctx.deadline)
+    res = ctx.runner(argv, timeout=20)
+    check(res.ok, " ".join(argv), res.stderr or res.stdout)
+
+
+def _no_dcgm(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    log.warning("%s: DCGM is not running on %s (no dcgmi or no nv-hostengine): nothing injected", req.name, ctx.node)
+    return []
+
+
+@applies("gpu-xid")
+def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    gpu, xid, method = int(num(req, "gpu")), int(num(req, "xid")), text(req, "method")
+    if method in ("kmsg", "both"):
+        line = xid_line(pci_bus_id(ctx.runner, gpu), xid, ctx.node, ctx.job_id)
+        ctx.journal.record(
+            req.name, f"write to {KMSG}: {line}", Undo(action="none", data={"note": "a kernel log line stays"}), ctx.deadline
+        )
+        try:
+            KMSG.write_text(f"<3>{line}\n")
+        except OSError as exc:
+            raise ChaosError(f"gpu-xid: cannot write {KMSG}: {exc}") from exc
+        log.info("gpu-xid: wrote '%s' to the kernel log", line)
+    if method in ("dcgm", "both"):
+        if not have_dcgm(ctx.runner):
+            return _no_dcgm(req, ctx)
+        _inject(req, ctx, gpu, FIELD_XID, xid, 0)
+    return []
+
+
+@applies("gpu-ecc")
+def apply_gpu_ecc(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    if not have_dcgm(ctx.runner):
+        return _no_dcgm(req, ctx)
+    field = FIELD_DBE_VOLATILE if text(req, "kind") == "dbe" else FIELD_SBE_VOLATILE
+    _inject(req, ctx, int(num(req, "gpu")), field, int(num(req, "count")), 0)
+    return []
+
+
+@applies("gpu-thermal")
+def apply_gpu_thermal(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    if not have_dcgm(ctx.runner):
+        return _no_dcgm(req, ctx)
+    gpu = int(num(req, "gpu"))
+    _inject(req, ctx, gpu, FIELD_TEMP, num(req, "temp"), 40)
+    _inject(req, ctx, gpu, FIELD_THERMAL_VIOLATION, 1, 0)
+    return []
+
+
+def _query(runner: Runner, gpu: int, what: str) -> str:
+    res = runner(["nvidia-smi", "-i", str(gpu), f"--query-gpu={what}", "--format=csv,noheader,nounits"], timeout=10)
+    check(res.ok, f"nvidia-smi --query-gpu={what}", res.stderr or res.stdout)
+    return res.stdout.strip()
+
+
+@applies("gpu-throttle")
+def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    if shutil.which("nvidia-smi") is None:
+        log.warning("gpu-throttle: no nvidia-smi on %s (no GPUs): nothing throttled; use slow-rank instead", ctx.node)
+        return []
+    gpu = str(int(num(req, "gpu")))
+    if text(req, "method") == "power":
+        before = _query(ctx.runner, int(gpu), "power.limit")
+        argv = ["nvidia-smi", "-i", gpu, "-pl", str(int(num(req, "power")))]
+        undo = Undo(argv=("nvidia-smi", "-i", gpu, "-pl", before))
+    else:
+        clock = str(int(num(req, "clock")))
+        argv = ["nvidia-smi", "-i", gpu, "-lgc", f"{clock},{clock}"]
+        undo = Undo(argv=("nvidia-smi", "-i", gpu, "-rgc"))
+    ctx.journal.record(req.name, " ".join(argv), undo, ctx.deadline)
+    res = ctx.runner(argv, timeout=20)
+    check(res.ok, " ".join(argv), res.stderr or res.stdout)
+    return []
+
+
+def burn(seconds: float) -> int:
+    """A GPU matmul burn on every visible GPU for `seconds` (the noisy neighbour's GPU load)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("slurm-chaos: burn: no CUDA device")
+        return 1
+    mats = []
+    for i in range(torch.cuda.device_count()):
+        a = torch.randn(4096, 4096, device=f"cuda:{i}", dtype=torch.float16)
+        mats.append((a, a.clone()))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for a, b in mats:
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m slurm_chaos.faults.node_gpu")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("burn", help="matmul load on every GPU")
+    b.add_argument("--seconds", type=float, required=True)
+    args = p.parse_args(argv)
+    return burn(args.seconds)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

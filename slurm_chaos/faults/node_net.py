@@ -1,0 +1,114 @@
+"""Network degradation on the node: ``tc netem`` delay, jitter, loss and rate on its interface.
+
+The prolog runs in slurmd's network namespace, so the qdisc lands on the node's own interface.
+netem shapes egress only: a delay D on node A adds D to every round trip between A and others.
+slurm-chaos installs its qdisc with a fixed handle (``cafe:``) so that the undo can tell its own
+qdisc from one an administrator set, and never replaces a root qdisc it did not create.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, num, text
+from slurm_chaos.faults.spec import FaultRequest
+
+HANDLE = "cafe:"
+
+#: Root qdiscs the kernel sets up by itself: deleting ours brings one of these back.
+DEFAULT_KINDS = frozenset({"noqueue", "pfifo_fast", "mq", "fq_codel", "fq", "pfifo", "sfq", "cake"})
+
+
+@dataclass(frozen=True)
+class RootQdisc:
+    """The root qdisc of an interface as `tc qdisc show` prints it."""
+
+    kind: str
+    handle: str
+    line: str
+
+    @property
+    def ours(self) -> bool:
+        return self.kind == "netem" and self.handle == HANDLE
+
+    @property
+    def default(self) -> bool:
+        # The kernel's own root qdisc has handle 0: (noqueue) or one it numbered itself.
+        return self.kind in DEFAULT_KINDS and not self.ours
+
+
+def root_qdisc(show: str) -> RootQdisc | None:
+    """The root qdisc in `tc qdisc show dev IF` output ('qdisc noqueue 0: root refcnt 2')."""
+    for line in show.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[0] == "qdisc" and "root" in words[3:]:
+            return RootQdisc(words[1], words[2], line.strip())
+    return None
+
+
+def netem_args(req: FaultRequest) -> list[str]:
+    """netem parameters for the request: delay [jitter], loss, rate (bytes/s, 'bps' in tc)."""
+    delay_ms = num(req, "delay") * 1000.0
+    jitter_ms = num(req, "jitter") * 1000.0
+    args = ["delay", f"{delay_ms:g}ms"]
+    if jitter_ms > 0:
+        args.append(f"{jitter_ms:g}ms")
+    loss = num(req, "loss")
+    if loss > 0:
+        args += ["loss", f"{loss:g}%"]
+    rate = req.get("rate")
+    if rate is not None:
+        args += ["rate", f"{int(num(req, 'rate'))}bps"]
+    return args
+
+
+def _show(ctx_runner: UndoContext | JobContext, iface: str) -> tuple[bool, str]:
+    res = ctx_runner.runner(["tc", "qdisc", "show", "dev", iface], timeout=10)
+    return res.ok, res.stdout if res.ok else res.stderr
+
+
+@applies("netem")
+def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    iface = text(req, "iface")
+    ok, out = _show(ctx, iface)
+    if not ok:
+        raise ChaosError(f"netem: cannot read the qdiscs of {iface}: {out.strip()}")
+    before = root_qdisc(out)
+    if before is not None and not before.default:
+        raise ChaosError(
+            f"netem: {iface} already has root qdisc '{before.line}'; slurm-chaos does not replace "
+            "a qdisc it did not create (run 'slurm-chaos cleanup' if it is a leftover of ours)"
+        )
+    argv = ["tc", "qdisc", "add", "dev", iface, "root", "handle", HANDLE, "netem", *netem_args(req)]
+    ctx.journal.record(
+        req.name,
+        " ".join(argv),
+        Undo(action="tc_restore", data={"iface": iface, "before": before.kind if before else ""}),
+        ctx.deadline,
+    )
+    res = ctx.runner(argv, timeout=10)
+    check(res.ok, " ".join(argv), res.stderr)
+    return []
+
+
+@undo_action("tc_restore")
+def _tc_restore(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    """Delete our root qdisc; the kernel puts its default back. Harmless when it is gone already."""
+    iface = str(data["iface"])
+    ok, out = _show(ctx, iface)
+    if not ok:
+        return f"{iface} is gone ({out.strip()[:100]})"
+    now = root_qdisc(out)
+    if now is None or not now.ours:
+        return f"{iface}: root qdisc is {now.kind if now else 'none'}, not ours: nothing to undo"
+    res = ctx.runner(["tc", "qdisc", "del", "dev", iface, "root"], timeout=10)
+    if not res.ok:
+        raise UndoFailed(f"tc qdisc del dev {iface} root: {res.stderr.strip()}")
+    ok, out = _show(ctx, iface)
+    after = root_qdisc(out) if ok else None
+    if after is not None and after.ours:
+        raise UndoFailed(f"{iface}: our netem qdisc is still there")
+    return f"tc qdisc del dev {iface} root (now {after.kind if after else 'none'})"

@@ -1,0 +1,82 @@
+"""The HTML report in a real headless Chromium: it renders, shows its plots and logs no errors."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slurm_chaos.analysis.commands import report_dir
+from slurm_chaos.analysis.model import Expectation
+from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+
+# Without the background-networking flags Chromium keeps trying to reach Google's hosts, which this
+# machine's closed network refuses; those refusals would drown the console check.
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-default-apps", "--hide-scrollbars",
+]
+# Lines Chromium prints about its own environment (no D-Bus, no GPU process in a container), not the page.
+ENVIRONMENT_NOISE = re.compile(r"dbus|bus\.cc|gpu|gl_|viz|sandbox|fontconfig|crashpad|ozone|vaapi|udev", re.I)
+
+
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = JobModel(ranks=8, steps=600, warmup_steps=15, ranks_per_host=2, gpus=True, seed=1)
+    experiments = [
+        SyntheticExperiment("slow-gpu", base, replace(base, seed=2, slow_rank=5, slow_rank_factor=0.3,
+                                                      fault_start_step=250),
+                            Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
+                            observations=[("alert_firing:GpuSlow", 15.0, "rank 5")], fault_name="gpu-throttle"),
+        SyntheticExperiment("cpu-hog", base, replace(base, seed=3, slowdown=0.2, fault_start_step=100),
+                            Expectation(detect_signals=("alert_firing",)), fault_name="cpu-hog"),
+    ]
+    run = write_run_dir(tmp_path_factory.mktemp("browser") / "run", experiments)
+    report_dir(run, "html", None)
+    return run / "report.html"
+
+
+def test_screenshot_shows_the_report(page: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "report.png"
+    done = chromium(tmp_path, "--window-size=1200,1800", f"--screenshot={shot}", page.as_uri())
+    assert shot.is_file(), done.stderr[-2000:]
+    import matplotlib.image
+
+    pixels = np.asarray(matplotlib.image.imread(str(shot)))[..., :3]
+    assert pixels.shape[:2] == (1800, 1200)
+    # Not blank: many distinct colours (badges, plot lines, heat map), and plenty of non-white area.
+    colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200
+    assert (pixels.mean(axis=2) < 0.9).mean() > 0.05
+    # The PASSED badge's green is on screen.
+    green = (pixels[..., 1] > 0.4) & (pixels[..., 0] < 0.3) & (pixels[..., 2] < 0.3)
+    assert green.sum() > 100
+
+
+def test_dom_has_the_plots_and_console_is_clean(page: Path, tmp_path: Path) -> None:
+    done = chromium(tmp_path, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    assert dom.count("<svg") == 6
+    assert "BLIND SPOT" in dom and "PASSED" in dom
+    assert "Ranks x time" in dom and "fault window" in dom
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert console == [], console
+    page_errors = [line for line in done.stderr.splitlines()
+                   if ":ERROR:" in line and not ENVIRONMENT_NOISE.search(line)]
+    assert page_errors == [], page_errors

@@ -1,0 +1,204 @@
+"""The probe end to end on this machine: ranks as processes meeting on loopback, no Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slurm_chaos.probe.local import run_local, start_ranks, wait_ranks
+from slurm_chaos.probe.reader import read_rank, read_run
+
+QUIET = ["--progress-every", "0"]
+
+
+def _ok(results: list) -> None:  # type: ignore[type-arg]
+    assert all(r.returncode == 0 for r in results), "\n".join(r.stderr[-2000:] for r in results)
+
+
+def _summary(stdout: str) -> dict[str, object]:
+    return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_two_ranks_write_consistent_files(tmp_path: Path) -> None:
+    t0 = time.time()
+    results = run_local(2, ["--steps", "20", "--out", str(tmp_path), "--progress-every", "5"])
+    wall = time.time() - t0
+    _ok(results)
+    run = read_run(tmp_path)
+    assert run.world_size == 2 and run.matrix("step_time").shape == (2, 20)
+    for rk in run.ranks:
+        assert rk.step.tolist() == list(range(20))
+        assert (
+            rk.attrs["backend"] == "gloo"
+            and rk.attrs["complete"] is True
+            and rk.attrs["exit_reason"] == "done"
+        )
+        assert 0 < rk.step_time.sum() < wall
+        parts = (
+            rk.fields["compute_time"] + rk.comm_time + rk.fields["optimizer_time"] + rk.fields["data_time"]
+        )
+        assert np.all(parts <= rk.step_time) and np.all(parts > 0.8 * rk.step_time)
+        assert np.all(rk.comm_time > 0)
+        assert np.all(np.diff(rk.t_start) > 0)
+    out = results[0].stdout
+    assert out.count("probe: step ") == 4
+    summary = _summary(out)
+    assert summary["steps"] == 20 and summary["world_size"] == 2 and summary["checkpoint_failures"] == 0
+    assert results[1].stdout.strip() == ""  # only rank 0 talks
+
+
+def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: Path) -> None:
+    procs = start_ranks(2, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
+    path = tmp_path / "rank-1.h5"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            if len(read_rank(path).step) >= 10:
+                break
+        except Exception:
+            continue
+    procs[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    results = wait_ranks(procs, timeout=60)
+    assert results[1].returncode == -signal.SIGKILL
+    assert results[0].returncode == 1
+    assert "a collective failed (peer dead or unreachable)" in results[0].stderr
+    dead = read_rank(path)
+    assert len(dead.step) >= 10 and dead.step.tolist() == list(range(len(dead.step)))
+    assert "complete" not in dead.attrs
+    assert dead.t_start[-1] <= killed_at
+    survivor = read_rank(tmp_path / "rank-0.h5")
+    assert survivor.attrs["complete"] is True and str(survivor.attrs["exit_reason"]).startswith(
+        "collective failed"
+    )
+    assert len(survivor.step) >= len(dead.step)
+
+
+def test_sigterm_closes_the_file(tmp_path: Path) -> None:
+    (proc,) = start_ranks(1, ["--steps", "100000", "--out", str(tmp_path), *QUIET])
+    time.sleep(6)
+    proc.send_signal(signal.SIGTERM)
+    (result,) = wait_ranks([proc], timeout=60)
+    assert result.returncode == 143, result.stderr
+    rk = read_rank(tmp_path / "rank-0.h5")
+    assert rk.attrs["exit_reason"] == "stopped by signal SIGTERM" and len(rk.step) > 0
+
+
+def test_resume_records_lost_steps_and_matches_uninterrupted_run(tmp_path: Path) -> None:
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    common = ["--ckpt-dir", str(ckpt), "--ckpt-every", "10", *QUIET]
+    _ok(run_local(2, ["--steps", "25", "--out", str(out), *common]))  # attempt 1 stops after step 24
+    second = run_local(2, ["--steps", "40", "--out", str(out), *common])
+    _ok(second)
+    summary = _summary(second[0].stdout)
+    assert (summary["restart_step"], summary["steps_lost"], summary["restarts"]) == (20, 5, 1)
+    run = read_run(out)
+    for rk in run.ranks:
+        assert rk.attrs["restart_step"] == 20 and rk.attrs["steps_lost"] == 5 and rk.attrs["attempt"] == 1
+        assert rk.step.tolist() == list(range(25)) + list(range(20, 40))
+        (resumed,) = [e for e in rk.events if e.kind == "resumed"]
+        assert "steps_lost=5" in resumed.detail and "recovery_time_s=" in resumed.detail
+        assert (out / f"rank-{rk.rank}.attempt-0.h5").exists()
+    _ok(run_local(2, ["--steps", "40", "--out", str(tmp_path / "straight"), *QUIET]))
+    straight = read_run(tmp_path / "straight").ranks[0].attrs["param_checksum"]
+    assert run.ranks[0].attrs["param_checksum"] == straight  # the resumed run is the same training
+
+
+@pytest.fixture
+def readonly_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs here: {res.stderr.strip()}")
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def test_failing_checkpoint_storage_does_not_stop_training(tmp_path: Path, readonly_dir: Path) -> None:
+    results = run_local(
+        2,
+        [
+            "--steps",
+            "25",
+            "--out",
+            str(tmp_path / "out"),
+            "--ckpt-dir",
+            str(readonly_dir),
+            "--ckpt-every",
+            "5",
+            *QUIET,
+        ],
+    )
+    _ok(results)
+    assert _summary(results[0].stdout)["checkpoint_failures"] == 8  # steps 5, 10, 15, 20 on two ranks
+    for rk in read_run(tmp_path / "out").ranks:
+        assert len(rk.step) == 25
+        failed = [e for e in rk.events if e.kind == "checkpoint_failed"]
+        assert len(failed) == 4 and all("EROFS" in e.detail for e in failed)
+
+
+def test_allreduce_mode_reports_bandwidth(tmp_path: Path) -> None:
+    results = run_local(
+        2,
+        [
+            "--mode",
+            "allreduce",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--min-bytes",
+            "1024",
+            "--max-bytes",
+            "65536",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    _ok(results)
+    for rk in read_run(tmp_path).ranks:
+        ar = rk.allreduce
+        assert ar["size_bytes"].tolist() == [1024 * 2**i for i in range(7)]
+        assert np.allclose(ar["algbw"], ar["size_bytes"] / ar["time"] / 1e9)
+        assert np.allclose(ar["busbw"], ar["algbw"])  # 2(n-1)/n = 1 for two ranks
+        assert len(rk.step) == 35 and np.array_equal(rk.step_time, rk.comm_time)
+    assert float(str(_summary(results[0].stdout)["peak_busbw_gbps"])) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0", "--out", "x"], "--steps: 0 must be at least 1"),
+        (["--steps", "5"], "the following arguments are required: --out"),
+        (["--steps", "5", "--out", "x", "--mode", "bogus"], "invalid choice: 'bogus'"),
+        (
+            ["--steps", "5", "--out", "x", "--min-bytes", "4096", "--max-bytes", "1024"],
+            "smaller than --min-bytes",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
+    (result,) = run_local(1, args, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_rendezvous_timeout_exits_nonzero_naming_host(tmp_path: Path) -> None:
+    (proc,) = start_ranks(2, ["--steps", "5", "--out", str(tmp_path), "--rendezvous-timeout", "2"], ranks=[1])
+    (result,) = wait_ranks([proc], timeout=60)
+    assert result.returncode == 1
+    assert "rendezvous timed out after 2 s: rank 0's host 127.0.0.1:" in result.stderr
+    assert not (tmp_path / "rank-1.h5").exists()

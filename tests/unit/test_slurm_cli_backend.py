@@ -1,0 +1,300 @@
+"""SlurmCLI with a FakeRunner replaying recorded Slurm output: argv, query count, error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_chaos.errors import SlurmError, SlurmUnreachable
+from slurm_chaos.runner import Completed, FakeRunner
+from slurm_chaos.slurm import select
+from slurm_chaos.slurm.cli_backend import SlurmCLI
+from slurm_chaos.slurm.model import JobState
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+V22 = DATA / "slurm-22.05"
+V24 = DATA / "slurm-24.11"
+ENV = {"SLURM_CONF": "/tmp/x/slurm.conf"}
+
+
+def ok(argv: tuple[str, ...], stdout: str = "") -> Completed:
+    return Completed(argv, 0, stdout, "")
+
+
+def recorded_failure(argv: tuple[str, ...], path: Path) -> Completed:
+    """A recorded stderr file ends with the `rc=N` line the recording script appended."""
+    *lines, rc = path.read_text().splitlines()
+    return Completed(argv, int(rc.removeprefix("rc=")), "", "\n".join(lines) + "\n")
+
+
+def slurm(
+    folder: Path, overrides: Mapping[str, Callable[[tuple[str, ...]], Completed]] | None = None
+) -> FakeRunner:
+    """A FakeRunner answering like the recorded cluster of that Slurm version."""
+    squeue = "squeue.json" if folder == V24 else "squeue_O_terminal.txt"
+    sacct = "sacct.json" if folder == V24 else "sacct_allocations.parsable2.txt"
+    nodes = "scontrol_show_nodes.json" if folder == V24 else "sinfo.json"
+    table: dict[str, Callable[[tuple[str, ...]], Completed]] = {
+        "sinfo --version": lambda a: ok(a, (folder / "sinfo_version.txt").read_text()),
+        "squeue": lambda a: ok(a, (folder / squeue).read_text()),
+        "sacct": lambda a: ok(a, (folder / sacct).read_text()),
+        "sinfo --json": lambda a: ok(a, (folder / nodes).read_text()),
+        "scontrol --json": lambda a: ok(a, (folder / nodes).read_text()),
+        "scontrol -o show reservation": lambda a: ok(
+            a, (V22 / "scontrol_show_reservation_oneliner.txt").read_text()
+        ),
+        "sbatch": lambda a: ok(a, "4242\n"),
+    }
+    table.update(overrides or {})
+
+    def respond(argv: tuple[str, ...]) -> Completed:
+        line = " ".join(argv)
+        for prefix in sorted(table, key=len, reverse=True):
+            if line.startswith(prefix):
+                return table[prefix](argv)
+        return ok(argv)
+
+    return FakeRunner(respond)
+
+
+def calls_to(runner: FakeRunner, command: str) -> list[tuple[str, ...]]:
+    return [c for c in runner.calls if c[0] == command]
+
+
+@dataclass
+class RecordingRunner:
+    """Records the keyword arguments FakeRunner does not keep (timeout, env)."""
+
+    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> Completed:
+        self.calls.append((tuple(argv), timeout, env))
+        if argv[:2] == ["sinfo", "--version"]:
+            return ok(tuple(argv), "slurm-wlm 22.05.8\n")
+        return ok(tuple(argv), "77\n")
+
+
+# ------------------------------------------------------------------ version, submit
+
+
+def test_version_is_read_once() -> None:
+    runner = slurm(V22)
+    cli = SlurmCLI(ENV, runner)
+    assert cli.version() == "22.05.8" and cli.version() == "22.05.8"
+    assert runner.calls == [("sinfo", "--version")]
+    assert SlurmCLI(ENV, slurm(V24)).version() == "24.11.5"
+
+
+def test_submit_argv_env_and_timeout(tmp_path: Path) -> None:
+    runner = RecordingRunner()
+    cli = SlurmCLI(ENV, runner, timeout=5)
+    job = cli.submit(tmp_path / "job.sbatch", ["-N2", "--switches=1"], env={"NCCL_IB_DISABLE": "1"})
+    argv, timeout, env = runner.calls[-1]
+    assert job == "77"
+    assert argv == ("sbatch", "--parsable", "-N2", "--switches=1", str(tmp_path / "job.sbatch"))
+    assert timeout == 5 and env == {**ENV, "NCCL_IB_DISABLE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("recording", "message"),
+    [
+        ("sbatch_rejected_partition.stderr", "Batch job submission failed: Invalid partition name specified"),
+        (
+            "sbatch_rejected_reservation.stderr",
+            "Batch job submission failed: Requested reservation is invalid",
+        ),
+        ("sbatch_rejected_constraint.stderr", "Batch job submission failed: Invalid feature specification"),
+    ],
+)
+def test_sbatch_rejection_carries_slurms_message(recording: str, message: str, tmp_path: Path) -> None:
+    runner = slurm(V22, {"sbatch": lambda a: recorded_failure(a, V22 / recording)})
+    with pytest.raises(SlurmError, match=message) as info:
+        SlurmCLI(ENV, runner).submit(tmp_path / "x.sbatch")
+    assert not isinstance(info.value, SlurmUnreachable)
+    assert str(info.value).startswith("sbatch: error:")
+
+
+# ------------------------------------------------------------------ unreachable
+
+
+@pytest.mark.parametrize(
+    ("command", "recording"),
+    [("sbatch", "unreachable_sbatch.stderr"), ("squeue", "unreachable_squeue.stderr")],
+)
+def test_unreachable_controller(command: str, recording: str, tmp_path: Path) -> None:
+    runner = slurm(V22, {command: lambda a: recorded_failure(a, V22 / recording)})
+    cli = SlurmCLI(ENV, runner)
+    with pytest.raises(SlurmUnreachable, match=r"Unable to contact slurm controller.*SLURM_CONF=/tmp/x"):
+        cli.submit(tmp_path / "x.sbatch") if command == "sbatch" else cli.poll(["1"])
+
+
+def test_runner_timeout_is_unreachable() -> None:
+    runner = slurm(V22, {"scontrol": lambda a: Completed(a, 124, "", "timed out after 8 s")})
+    with pytest.raises(SlurmUnreachable, match="no answer from Slurm within 8 s"):
+        SlurmCLI(ENV, runner).drain("node1", "test")
+
+
+def test_missing_tools() -> None:
+    runner = slurm(V22, {"sinfo --version": lambda a: Completed(a, 127, "", "sinfo: command not found")})
+    with pytest.raises(SlurmError, match="command not found"):
+        SlurmCLI(ENV, runner).version()
+
+
+# ------------------------------------------------------------------ poll
+
+
+def test_poll_twenty_jobs_is_one_squeue_and_one_sacct_on_22_05() -> None:
+    runner = slurm(V22)
+    ids = [str(i) for i in range(1, 21)]
+    jobs = SlurmCLI(ENV, runner).poll(ids)
+    (squeue,) = calls_to(runner, "squeue")
+    (sacct,) = calls_to(runner, "sacct")
+    assert f"--jobs={','.join(ids)}" in squeue and "--states=all" in squeue
+    assert any(a.startswith("--Format=JobID:|,Name:|") for a in squeue)
+    # only jobs squeue did not report as live go to accounting
+    assert "--parsable2" in sacct and "--duplicates" in sacct and "--allocations" in sacct
+    assert "--jobs=1,2,3,4,5,7,8,9,10,11,12,13,14,15,16,17,18,19,20" in sacct
+    assert (jobs["6"].state, jobs["6"].restarts, jobs["6"].reservation) == (JobState.RUNNING, 1, "maint")
+    assert (jobs["3"].state, jobs["3"].exit_code, jobs["3"].reason) == (JobState.FAILED, 3, "NonZeroExitCode")
+    assert jobs["10"].state is JobState.TIMEOUT
+    assert set(jobs) == {str(i) for i in range(1, 12)}  # 12..20 are unknown to Slurm
+
+
+def test_poll_uses_json_on_24_11() -> None:
+    runner = slurm(V24)
+    jobs = SlurmCLI(ENV, runner).poll(["1", "3", "6", "10"])
+    (squeue,) = calls_to(runner, "squeue")
+    (sacct,) = calls_to(runner, "sacct")
+    assert squeue[:2] == ("squeue", "--json") and sacct[:2] == ("sacct", "--json")
+    assert "--jobs=10" in sacct  # the only one squeue reports as ended
+    assert jobs["1"].state is JobState.RUNNING and jobs["3"].state is JobState.PENDING
+    assert (jobs["10"].state, jobs["10"].signal) == (JobState.TIMEOUT, 0)  # accounting's view of the run
+
+
+def test_poll_of_live_jobs_needs_no_accounting() -> None:
+    runner = slurm(V22)
+    jobs = SlurmCLI(ENV, runner).poll(["6", "6"])
+    assert list(jobs) == ["6"] and calls_to(runner, "sacct") == []
+    assert len(calls_to(runner, "squeue")) == 1
+
+
+def test_poll_when_squeue_has_forgotten_every_job() -> None:
+    runner = slurm(V22, {"squeue": lambda a: recorded_failure(a, V22 / "squeue_unknown_job.stderr")})
+    jobs = SlurmCLI(ENV, runner).poll(["3"])
+    assert (jobs["3"].state, jobs["3"].exit_code) == (JobState.FAILED, 3)
+
+
+def test_poll_keeps_squeue_view_when_accounting_is_down() -> None:
+    def dbd_down(argv: tuple[str, ...]) -> Completed:
+        return Completed(argv, 1, "", "sacct: error: Problem talking to the database: Connection refused\n")
+
+    runner = slurm(V22, {"sacct": dbd_down})
+    jobs = SlurmCLI(ENV, runner).poll(["3", "6"])
+    assert (jobs["3"].state, jobs["3"].exit_code, jobs["6"].state) == (JobState.FAILED, 3, JobState.RUNNING)
+
+
+def test_poll_nothing_runs_nothing() -> None:
+    runner = slurm(V22)
+    assert SlurmCLI(ENV, runner).poll([]) == {} and runner.calls == []
+
+
+# ------------------------------------------------------------------ control commands
+
+
+def test_control_argv() -> None:
+    runner = slurm(V22)
+    cli = SlurmCLI(ENV, runner)
+    cli.cancel(["5", "7"])
+    cli.requeue(["6", "8"])
+    cli.drain("node4", "chaos: xid 79 injected")
+    cli.resume("node4")
+    assert runner.calls == [
+        ("scancel", "5", "7"),
+        ("scontrol", "requeue", "6,8"),
+        ("scontrol", "update", "NodeName=node4", "State=DRAIN", "Reason=chaos: xid 79 injected"),
+        ("scontrol", "update", "NodeName=node4", "State=RESUME"),
+    ]
+
+
+def test_drain_needs_a_reason_and_reports_slurms_refusal() -> None:
+    runner = slurm(
+        V22, {"scontrol update": lambda a: recorded_failure(a, V22 / "scontrol_update_bad_node.stderr")}
+    )
+    cli = SlurmCLI(ENV, runner)
+    with pytest.raises(SlurmError, match="requires a reason"):
+        cli.drain("node1", " ")
+    with pytest.raises(SlurmError, match="slurm_update error: Invalid node name specified"):
+        cli.drain("node9", "x")
+
+
+@pytest.mark.parametrize(("folder", "command"), [(V22, ("sinfo", "--json")), (V24, ("scontrol", "--json"))])
+def test_nodes_one_query_filtered_here(folder: Path, command: tuple[str, ...]) -> None:
+    runner = slurm(folder)
+    nodes = SlurmCLI(ENV, runner).nodes(["node[3-4]"])
+    assert list(nodes) == ["node3", "node4"] and nodes["node4"].drained
+    assert [c[:2] for c in runner.calls[1:]] == [command]
+    with pytest.raises(SlurmError, match=r"unknown node\(s\): node\[8-9\]"):
+        SlurmCLI(ENV, runner).nodes(["node8", "node9"])
+
+
+def test_reservation_and_missing_reservation() -> None:
+    resv = SlurmCLI(ENV, slurm(V22)).reservation("maint")
+    assert resv.nodes == ("node3", "node4")
+    missing = slurm(
+        V22,
+        {
+            "scontrol -o show reservation": lambda a: recorded_failure(
+                a, V22 / "scontrol_show_reservation_missing.txt"
+            )
+        },
+    )
+    with pytest.raises(SlurmError, match="Reservation nosuch not found"):
+        SlurmCLI(ENV, missing).reservation("nosuch")
+
+
+def test_accounting_has_every_run_and_step() -> None:
+    runner = slurm(
+        V22, {"sacct": lambda a: ok(a, (V22 / "sacct_steps_duplicates.parsable2.txt").read_text())}
+    )
+    records = SlurmCLI(ENV, runner).accounting(["6"])
+    (sacct,) = calls_to(runner, "sacct")
+    assert "--duplicates" in sacct and "--allocations" not in sacct
+    runs = [r for r in records if r.job_id == "6" and r.step is None]
+    assert [r.requeues for r in runs] == [0, 1]
+
+
+def test_hostnames_need_no_slurm_call() -> None:
+    runner = slurm(V22)
+    assert SlurmCLI(ENV, runner).hostnames("node[1-2],login") == ["node1", "node2", "login"]
+    assert runner.calls == []
+
+
+# ------------------------------------------------------------------ backend choice
+
+
+@pytest.mark.parametrize(
+    ("pyslurm_version", "slurm_version", "expected"),
+    [("22.5.1", "22.05.8", "pyslurm"), ("24.11.0", "24.11.5", "pyslurm"), ("24.11.0", "22.05.8", "cli")],
+)
+def test_choose_pyslurm_only_for_the_same_release(
+    pyslurm_version: str, slurm_version: str, expected: str
+) -> None:
+    fake = SimpleNamespace(__version__=pyslurm_version)
+    assert select.choose(fake, slurm_version) == expected  # type: ignore[arg-type]
+
+
+def test_cli_when_pyslurm_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "load_pyslurm", lambda: None)
+    assert select.choose(None, "22.05.8") == "cli"
+    assert isinstance(select.select_scheduler(ENV, slurm(V22)), SlurmCLI)

@@ -1,0 +1,256 @@
+"""Parsers of Slurm output, on output recorded from a real 22.05 cluster and 24.11-shaped fixtures."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.errors import SlurmError
+from slurm_chaos.slurm import parse
+from slurm_chaos.slurm.model import JobState
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+V22 = DATA / "slurm-22.05"
+V24 = DATA / "slurm-24.11"
+SUBMIT = datetime(2026, 11, 30, 4, 49, 6, tzinfo=UTC)
+
+
+def text(path: Path) -> str:
+    return path.read_text()
+
+
+# ------------------------------------------------------------------ hostlists and scalars
+
+
+def test_hostlist_expansion_matches_scontrol_show_hostnames() -> None:
+    recorded = text(V22 / "scontrol_show_hostnames.txt").split()
+    assert parse.expand_hostlist("node[1-3],gpu[01-03,10],login") == recorded
+
+
+def test_hostlist_compression_matches_scontrol_show_hostlist() -> None:
+    hosts = ["node1", "node2", "node3", "node5", "gpu01", "gpu02"]
+    assert parse.compress_hostlist(hosts) == text(V22 / "scontrol_show_hostlist.txt").strip()
+
+
+@pytest.mark.parametrize("empty", ["", "None assigned", "(null)"])
+def test_hostlist_placeholders_mean_no_node(empty: str) -> None:
+    assert parse.expand_hostlist(empty) == []
+
+
+def test_bad_hostlist_is_a_slurm_error() -> None:
+    with pytest.raises(SlurmError, match=r"node\[3-1\]"):
+        parse.expand_hostlist("node[3-1]")
+
+
+@pytest.mark.parametrize(("folder", "version"), [(V22, (22, 5, 8)), (V24, (24, 11, 5))])
+def test_version(folder: Path, version: tuple[int, int, int]) -> None:
+    assert parse.parse_version(text(folder / "sinfo_version.txt")) == version
+
+
+def test_sbatch_parsable() -> None:
+    assert parse.parse_sbatch_parsable(text(V22 / "sbatch_parsable.txt")) == "1"
+    assert parse.parse_sbatch_parsable("4242;testcluster\n") == "4242"
+    with pytest.raises(SlurmError, match="did not print a job id"):
+        parse.parse_sbatch_parsable("sbatch: error: nope\n")
+
+
+def test_job_state_words() -> None:
+    assert JobState.parse("CANCELLED by 0") is JobState.CANCELLED
+    assert JobState.parse("NOT_A_STATE") is JobState.UNKNOWN
+    assert JobState.from_flags(["COMPLETED", "COMPLETING"]) is JobState.COMPLETING
+    assert JobState.from_flags(["PENDING", "REQUEUED"]) is JobState.REQUEUED
+    assert JobState.TIMEOUT.is_terminal and JobState.OUT_OF_MEMORY.is_terminal
+    assert not JobState.REQUEUED.is_terminal and not JobState.COMPLETING.is_terminal
+
+
+# ------------------------------------------------------------------ squeue
+
+
+@pytest.mark.parametrize("path", [V22 / "squeue.json", V24 / "squeue.json"], ids=["22.05", "24.11"])
+def test_squeue_json_live_jobs(path: Path) -> None:
+    jobs = parse.parse_squeue_json(text(path))
+    two = jobs["1"]
+    assert (two.name, two.state, two.nodes, two.partition) == (
+        "two-node",
+        JobState.RUNNING,
+        ("node1", "node2"),
+        "debug",
+    )
+    assert two.start_time == SUBMIT
+    assert jobs["2"].name == "leaf switch"
+    assert (jobs["3"].state, jobs["3"].reason, jobs["3"].nodes) == (JobState.PENDING, "Resources", ())
+    requeued = jobs["6"]
+    assert (requeued.state, requeued.restarts, requeued.reservation) == (JobState.PENDING, 1, "maint")
+    assert "8_[1-2]" in jobs  # a pending array, named as squeue's %i names it
+
+
+@pytest.mark.parametrize("path", [V22 / "squeue_terminal.json", V24 / "squeue.json"], ids=["22.05", "24.11"])
+def test_squeue_json_exit_codes(path: Path) -> None:
+    jobs = parse.parse_squeue_json(text(path))
+    assert (jobs["10"].state, jobs["10"].exit_code, jobs["10"].signal) == (JobState.TIMEOUT, 0, 15)
+    assert (jobs["11"].state, jobs["11"].exit_code) == (JobState.FAILED, 137)
+    assert jobs["10"].nodes == ("node1",)
+
+
+def test_squeue_json_22_05_reports_wait_status_exit_codes() -> None:
+    jobs = parse.parse_squeue_json(text(V22 / "squeue_terminal.json"))
+    assert (jobs["3"].exit_code, jobs["1"].signal) == (3, 15)
+
+
+def test_squeue_json_24_11_flags_name_the_state() -> None:
+    ok = parse.parse_squeue_json(text(V24 / "squeue.json"))["4"]
+    assert ok.state is JobState.COMPLETING and ok.state_flags == ("COMPLETED", "COMPLETING")
+
+
+def test_squeue_fields_agree_with_squeue_json_recorded_at_the_same_moment() -> None:
+    fields = parse.parse_squeue_fields(text(V22 / "squeue_O_terminal.txt"))
+    as_json = parse.parse_squeue_json(text(V22 / "squeue_terminal.json"))
+    for job_id in ("1", "2", "3", "4", "6", "10", "11"):
+        a, b = fields[job_id], as_json[job_id]
+        assert (a.name, a.state, a.nodes, a.exit_code, a.signal, a.restarts, a.reservation) == (
+            b.name,
+            b.state,
+            b.nodes,
+            b.exit_code,
+            b.signal,
+            b.restarts,
+            b.reservation,
+        ), job_id
+        assert (a.submit_time, a.start_time) == (b.submit_time, b.start_time)
+
+
+def test_squeue_fields_keep_a_name_with_the_separator() -> None:
+    line = text(V22 / "squeue_O_terminal.txt").splitlines()[0].replace("two-node", "a|b")
+    assert parse.parse_squeue_fields(line)["1"].name == "a|b"
+
+
+# ------------------------------------------------------------------ sacct
+
+
+def test_sacct_parsable_requeued_job_has_one_record_per_run() -> None:
+    records = parse.parse_sacct_parsable(text(V22 / "sacct_allocations.parsable2.txt"))
+    runs = [r for r in records if r.job_id == "6"]
+    assert [(r.state, r.requeues) for r in runs] == [(JobState.REQUEUED, 0), (JobState.RUNNING, 1)]
+    assert runs[1].reservation == "maint" and runs[0].nodes == ("node3",)
+    assert parse.latest_runs(records)["6"].state is JobState.RUNNING
+
+
+def test_sacct_parsable_exit_codes_states_and_steps() -> None:
+    records = parse.parse_sacct_parsable(text(V22 / "sacct_steps_duplicates.parsable2.txt"))
+    by_key = {(r.job_id, r.step, r.requeues): r for r in records}
+    assert (by_key["3", None, 0].state, by_key["3", None, 0].exit_code) == (JobState.FAILED, 3)
+    assert by_key["1", "batch", 0].signal == 15
+    assert by_key["1", "0", 0].nodes == ("node1", "node2")
+    assert by_key["10", None, 0].state is JobState.TIMEOUT
+    assert by_key["6", "batch", 0].state is JobState.CANCELLED  # the first run's batch step
+    assert by_key["6", "batch", 1].state is JobState.RUNNING
+    assert by_key["5", None, 0].start_time is None
+
+
+def test_sacct_json_24_11() -> None:
+    records = parse.parse_sacct_json(text(V24 / "sacct.json"))
+    runs = [r for r in records if r.job_id == "6" and r.step is None]
+    assert [(r.state, r.requeues, r.reservation) for r in runs] == [
+        (JobState.REQUEUED, 0, ""),
+        (JobState.RUNNING, 1, "maint"),
+    ]
+    steps = {(r.job_id, r.step, r.requeues): r for r in records if r.step}
+    assert steps["6", "batch", 0].signal == 15 and steps["1", "0", 0].nodes == ("node1", "node2")
+    job3 = next(r for r in records if r.job_id == "3" and r.step is None)
+    assert (job3.state, job3.exit_code, job3.elapsed_s) == (JobState.FAILED, 3, 0)
+
+
+def test_sacct_json_22_05_loses_exit_codes_so_the_cli_reads_parsable2() -> None:
+    """Why the CLI backend does not use `sacct --json` on 22.05 (openapi v0.0.38)."""
+    as_json = {r.job_id: r for r in parse.parse_sacct_json(text(V22 / "sacct_terminal.json"))}
+    parsable = parse.latest_runs(parse.parse_sacct_parsable(text(V22 / "sacct_allocations.parsable2.txt")))
+    assert parsable["3"].exit_code == 3 and as_json["3"].exit_code == 0
+    assert parsable["6"].reservation == "maint" and as_json["6"].reservation == ""
+    assert as_json["3"].state is JobState.FAILED  # the state itself is right
+
+
+def test_sacct_json_22_05_steps_and_duplicates() -> None:
+    records = parse.parse_sacct_json(text(V22 / "sacct_requeued_steps.json"))
+    assert [(r.step, r.state, r.requeues) for r in records] == [
+        (None, JobState.REQUEUED, 0),
+        ("batch", JobState.CANCELLED, 0),
+        (None, JobState.RUNNING, 1),
+        ("batch", JobState.RUNNING, 1),
+    ]
+
+
+# ------------------------------------------------------------------ nodes
+
+
+NODE_SOURCES = [
+    (parse.parse_nodes_json, V22 / "sinfo.json"),
+    (parse.parse_scontrol_nodes, V22 / "scontrol_show_node.txt"),
+    (parse.parse_scontrol_nodes, V22 / "scontrol_show_node_oneliner.txt"),
+    (parse.parse_nodes_json, V24 / "scontrol_show_nodes.json"),
+    (parse.parse_nodes_json, V24 / "sinfo.json"),
+]
+
+
+@pytest.mark.parametrize(("parser", "path"), NODE_SOURCES, ids=lambda x: getattr(x, "name", ""))
+def test_nodes_drained_with_reason(parser: object, path: Path) -> None:
+    nodes = parser(text(path))  # type: ignore[operator]
+    assert sorted(nodes) == ["node1", "node2", "node3", "node4"]
+    drained = nodes["node4"]
+    assert drained.drained and {"IDLE", "DRAIN"} <= drained.state
+    assert (drained.reason, drained.reason_user, drained.reason_time) == (
+        "h-slurm: disk check failed",
+        "root",
+        SUBMIT,
+    )
+    busy = nodes["node1"]
+    assert busy.state == {"ALLOCATED"} and not busy.drain and busy.reason == ""
+    assert (busy.features, busy.address, busy.hostname) == (("gpu", "rack1"), "10.200.0.11", "node1")
+    assert "MAINTENANCE" in nodes["node3"].state
+
+
+def test_sinfo_fields() -> None:
+    nodes = parse.parse_sinfo_fields(text(V22 / "sinfo.format.txt"))
+    assert nodes["node4"].drained and nodes["node4"].reason == "h-slurm: disk check failed"
+    assert nodes["node1"].state == {"ALLOCATED"} and nodes["node1"].reason == ""
+
+
+def test_scontrol_reason_may_contain_equals_signs() -> None:
+    line = text(V22 / "scontrol_show_node_oneliner.txt").splitlines()[3]
+    line = line.replace("h-slurm: disk check failed", "NHC: mount=/scratch missing")
+    node = parse.parse_scontrol_nodes(line)["node4"]
+    assert (node.reason, node.reason_user) == ("NHC: mount=/scratch missing", "root")
+
+
+def test_draining_node_is_not_drained() -> None:
+    line = text(V22 / "scontrol_show_node_oneliner.txt").splitlines()[3]
+    node = parse.parse_scontrol_nodes(line.replace("State=IDLE+DRAIN", "State=ALLOCATED+DRAIN"))["node4"]
+    assert node.drain and not node.drained
+
+
+# ------------------------------------------------------------------ reservations and jobs
+
+
+@pytest.mark.parametrize("name", ["scontrol_show_reservation.txt", "scontrol_show_reservation_oneliner.txt"])
+def test_reservation(name: str) -> None:
+    resv = parse.parse_scontrol_reservations(text(V22 / name))["maint"]
+    assert resv.nodes == ("node3", "node4") and resv.users == ("root",) and resv.accounts == ()
+    assert {"MAINT", "IGNORE_JOBS"} <= resv.flags and resv.state == "ACTIVE"
+    assert resv.start == SUBMIT and resv.end == datetime(2026, 11, 30, 6, 49, 6, tzinfo=UTC)
+
+
+def test_scontrol_jobs_one_liner_and_multi_line() -> None:
+    jobs = parse.parse_scontrol_jobs(text(V22 / "scontrol_show_job_oneliner.txt"))
+    assert jobs["2"].name == "leaf switch" and jobs["2"].nodes == ("node1", "node2")
+    assert jobs["7"].reason == "ReqNodeNotAvail,_UnavailableNodes:node4"
+    single = parse.parse_scontrol_jobs(text(V22 / "scontrol_show_job.txt"))["6"]
+    assert (single.state, single.restarts, single.reservation) == (JobState.PENDING, 1, "maint")
+    assert single == jobs["6"]
+    timeout = parse.parse_scontrol_jobs(text(V22 / "scontrol_show_job_timeout_oneliner.txt"))["10"]
+    assert timeout.state is JobState.TIMEOUT and timeout.nodes == ("node1",)
+
+
+def test_invalid_json_names_the_command() -> None:
+    with pytest.raises(SlurmError, match="squeue --json printed invalid JSON"):
+        parse.parse_squeue_json("slurm_load_jobs error: Unable to contact slurm controller")
