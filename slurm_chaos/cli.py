@@ -133,8 +133,8 @@ def _plugin_install(args: argparse.Namespace) -> int:
     from slurm_chaos.runner import SubprocessRunner
 
     result = install_plugin(args.site, args.prefix, SubprocessRunner())
-    print(f"installed {result.plugin}")
-    print(f"{result.plugstack}: {result.line}")
+    print(f"installed {result.plugin_path}")
+    print(f"{result.plugstack_path}: {result.line}")
     try:
         from slurm_chaos.faults.install_hooks import install_site_hooks
     except ImportError:

@@ -3,6 +3,7 @@
  *
  *   chaos-spec SPEC...        print the canonical SPEC, or "error: <message>" (exit 1)
  *   chaos-spec -e SPEC        print the SLURM_CHAOS_* variables the plugin would set
+ *   chaos-spec -a ARG...      parse plugstack.conf arguments: "ok" or "error: <message>"
  *
  * Used by the Python tests to hold parse.c and spec.py to the same grammar.
  */
@@ -38,6 +39,17 @@ int main(int argc, char **argv)
 	static char err[ERR_MAX], out[2 * CHAOS_SPEC_MAX];
 	int env = argc > 1 && !strcmp(argv[1], "-e");
 	int rc = 0;
+
+	if (argc > 1 && !strcmp(argv[1], "-a")) {
+		static struct chaos_config cfg;
+
+		if (chaos_parse_args(argc - 2, argv + 2, &cfg, err, sizeof(err))) {
+			printf("error: %s\n", err);
+			return 1;
+		}
+		printf("ok\n");
+		return 0;
+	}
 
 	for (int i = 1 + env; i < argc; i++) {
 		if (chaos_parse_spec(argv[i], &spec, err, sizeof(err))) {

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.spec import FaultRequest
+from slurm_chaos.placement import NodeSetting, apply_settings
 from slurm_chaos.runner import Runner
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.backend import Scheduler
@@ -92,13 +93,17 @@ class SandboxNodeControl:
 
 @dataclass(frozen=True)
 class Action:
-    """One journalled change: what was done to which node, for which experiment."""
+    """One journalled change: what was done to which node, for which experiment.
+
+    kind is "drain", "lose" or "setting" (weight and features changed; `data` holds the old ones).
+    """
 
     time: float
     experiment: str
-    kind: str  # "drain" or "lose"
+    kind: str
     node: str
     undone: bool = False
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 class ControllerJournal:
@@ -122,6 +127,13 @@ class ControllerJournal:
                 a = Action(**json.loads(line))
                 latest[(a.kind, a.node)] = a
         return [a for a in latest.values() if not a.undone]
+
+    def actions(self, experiment: str, kind: str) -> list[Action]:
+        """Every change of one kind made for an experiment (done or undone)."""
+        if not self.path.exists():
+            return []
+        found = [Action(**json.loads(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
+        return [a for a in found if a.experiment == experiment and a.kind == kind and not a.undone]
 
 
 def target_nodes(request: FaultRequest, allocated: tuple[str, ...], site: Site) -> list[str]:
@@ -158,16 +170,21 @@ def apply(
         log.info("%s: %s %s", experiment, request.name, node)
 
 
-def rollback(journal: ControllerJournal, scheduler: Scheduler, control: NodeControl) -> list[str]:
+def rollback(
+    journal: ControllerJournal, scheduler: Scheduler, control: NodeControl, runner: Runner, env: dict[str, str]
+) -> list[str]:
     """Undo every pending action (newest first); returns what was undone."""
     undone = []
     for a in sorted(journal.pending(), key=lambda x: x.time, reverse=True):
         try:
             if a.kind == "drain":
                 scheduler.resume(a.node)
+            elif a.kind == "setting":
+                setting = NodeSetting(a.node, int(a.data["weight"]), tuple(a.data["features"]))
+                apply_settings(runner, env, [setting])
             else:
                 control.restore(a.node)
-        except ChaosError as exc:
+        except (ChaosError, KeyError, ValueError) as exc:
             log.warning("rollback of %s %s failed: %s", a.kind, a.node, exc)
             continue
         journal.record(Action(time.time(), a.experiment, a.kind, a.node, undone=True))

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from slurm_chaos.analysis.model import Expectation, FaultWindow, ObservationLog, write_observations
-from slurm_chaos.campaign import controller
+from slurm_chaos.analysis.model import Expectation, FaultWindow, Observation, ObservationLog, write_observations
+from slurm_chaos.campaign import controller, remediation
 from slurm_chaos.campaign.observe import Watcher
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.errors import ChaosError, SlurmError
@@ -257,9 +257,19 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
         info = _wait(camp, record, f"{exp.name}", watcher, timed, exp)
         crashed = info.state != JobState.COMPLETED
     finally:
-        undone = controller.rollback(camp.journal, camp.scheduler, camp.control)
+        undone = controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
         if undone:
             log.info("%s: rolled back %s", exp.name, ", ".join(undone))
+    extra: list[Observation] = []
+    if "reschedule_same_switch" in exp.expect.remediation:
+        lost = {a.node for a in camp.journal.actions(exp.name, "lose")}
+        moved = remediation.rescheduled_same_switch(watcher.observations, lost, camp.site)
+        extra += [moved] if moved else []
+    if "avoid_slow_node" in exp.expect.remediation and not crashed:
+        try:
+            extra += remediation.avoid_slow_node(camp, exp, exp_dir / "fault")
+        finally:
+            controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
     t_ran = time.monotonic()
     injected = camp.manifest.timings.get(f"{exp.name}.fault_injected_at")
     start = injected if (timed and injected) else (record.started or time.time())
@@ -267,7 +277,7 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
         exp_dir / OBSERVATIONS,
         ObservationLog(
             fault_window=FaultWindow(start=start, end=None),
-            observations=tuple(sorted(watcher.observations, key=lambda o: o.time)),
+            observations=tuple(sorted(watcher.observations + extra, key=lambda o: o.time)),
             expectation=_expectation(exp),
             crashed=crashed,
             fault=exp.fault.spec or "",
@@ -312,7 +322,7 @@ def stop(camp: Campaign) -> list[str]:
                 break
             time.sleep(POLL_S)
         camp.active.clear()
-    return controller.rollback(camp.journal, camp.scheduler, camp.control)
+    return controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
 
 
 def run_campaign(camp: Campaign) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from slurm_chaos.analysis.model import Observation
 from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.slurm.backend import Scheduler
-from slurm_chaos.slurm.model import JobInfo
+from slurm_chaos.slurm.model import JobInfo, JobState
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ class Watcher:
         if info.restarts > self.restarts:
             self.restarts = info.restarts
             self._add(f"requeue{info.restarts}", "job_requeued", f"job {self.job_id} requeued ({info.restarts})")
+        if self.restarts and info.state == JobState.RUNNING and info.nodes:
+            self._add(f"rescheduled{self.restarts}", "job_rescheduled", ",".join(info.nodes))
         if self.nodes_seen:
             for name, node in self.scheduler.nodes(sorted(self.nodes_seen)).items():
                 if node.drain and node.reason and not node.reason.startswith(REASON_PREFIX):

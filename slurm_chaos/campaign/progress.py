@@ -35,8 +35,9 @@ class Progress:
             self._say(line, final=True)
 
     def done(self, title: str, job_id: str, state: str) -> None:
+        if self.live:
+            self._say(f"{self._prefix} {title}: job {job_id} {state}", final=True)
         self._last = ""
-        self._say(f"{self._prefix} {title}: job {job_id} {state}", final=True)
 
     def _say(self, line: str, final: bool = False) -> None:
         if self.quiet:

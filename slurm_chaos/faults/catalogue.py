@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,10 @@ def format_fixed(value: float) -> str:
     The C side uses the same loop over ``%.*f``, so both print identical canonical text.
     """
     for digits in range(18):
-        text = "%.*f" % (digits, value)
+        text = f"{value:.{digits}f}"  # the same digits as C printf("%.*f")
         if float(text) == value:
             return text
-    return "%.17f" % value
+    return f"{value:.17f}"
 
 
 def duration_ns(text: str) -> int:
@@ -267,7 +267,7 @@ def parse_catalogue(data: Mapping[str, Any]) -> Catalogue:
     return Catalogue(int(data["version"]), faults)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_catalogue(path: Path = CATALOGUE_PATH) -> Catalogue:
     """Load and validate the catalogue file (cached: it does not change while running)."""
     with path.open(encoding="utf-8") as fh:

@@ -59,7 +59,9 @@ class NsRunner:
         input: str | None = None,
     ) -> Completed:
         flags = ["-n", "-m"] if self.mount else ["-n"]
-        return self.inner(["nsenter", "-t", str(self.pid), *flags, "--", *argv], timeout=timeout, env=env, input=input)
+        return self.inner(
+            ["nsenter", "-t", str(self.pid), *flags, "--", *argv], timeout=timeout, env=env, input=input
+        )
 
 
 def _pid_in(header: Header, proc: Path = node_proc.PROC) -> tuple[int | None, bool]:

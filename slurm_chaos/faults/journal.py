@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import TypeAlias
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.runner import Runner
@@ -34,7 +34,7 @@ from slurm_chaos.runner import Runner
 DEFAULT_ROOT = Path("/var/lib/slurm-chaos/journal")
 
 #: JSON data of a named undo action.
-Json = Union[str, int, float, bool, None, list["Json"], dict[str, "Json"]]
+Json: TypeAlias = str | int | float | bool | list["Json"] | dict[str, "Json"] | None
 
 
 class JournalClosed(ChaosError):
@@ -183,7 +183,9 @@ class Journal:
             if state.closed:
                 raise JournalClosed(f"journal {self.path} is closed: job {self.job_id} is being undone")
             seq = max((e.seq for e in state.entries), default=0) + 1
-            entry = Entry(seq, time.time(), self.job_id, self.node, fault, action, undo, os.getpid(), deadline, early)
+            entry = Entry(
+                seq, time.time(), self.job_id, self.node, fault, action, undo, os.getpid(), deadline, early
+            )
             self._append(entry_to_json(entry))
             return entry
 

@@ -36,7 +36,7 @@ class Spawner(Protocol):
 
 def popen_spawner(argv: Sequence[str], env: Mapping[str, str], log_file: Path | None) -> int:
     """The real Spawner: a new session (off the prolog's process group), output to the log file."""
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             list(argv),

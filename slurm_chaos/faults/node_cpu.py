@@ -56,14 +56,17 @@ class DutyCycle:
             if p.pid in self.procs:
                 continue
             # Journalled before the first SIGSTOP: an undo continues it whatever happens to us.
+            which = "all ranks" if self.rank is None else f"rank {self.rank}"
             self.ctx.journal.record(
                 self.name,
-                f"duty cycle {self.percent:g}% on pid {p.pid} (rank {self.rank if self.rank is not None else 'all'})",
+                f"duty cycle {self.percent:g}% on pid {p.pid} ({which})",
                 Undo(action="signal_process", data={"pid": p.pid, "start": p.start, "signal": "SIGCONT"}),
                 self.ctx.deadline,
             )
             self.procs[p.pid] = p
-            log.info("%s: throttling pid %d of job %s by %g%%", self.name, p.pid, self.ctx.job_id, self.percent)
+            log.info(
+                "%s: throttling pid %d of job %s by %g%%", self.name, p.pid, self.ctx.job_id, self.percent
+            )
         for pid in [pid for pid, p in self.procs.items() if not node_proc.is_alive(p)]:
             del self.procs[pid]
 
@@ -107,11 +110,15 @@ class CpuCgroups:
         controllers = base / "cgroup.controllers"
         if controllers.exists():
             if "cpu" not in (base / "cgroup.subtree_control").read_text().split():
-                raise ChaosError(f"slow-rank method=cgroup: cpu controller not enabled in {base}/cgroup.subtree_control")
+                raise ChaosError(
+                    f"slow-rank method=cgroup: cpu controller not enabled in {base}/cgroup.subtree_control"
+                )
             return cls(base, True)
         if (base / "cpu" / "cpu.cfs_quota_us").exists():
             return cls(base / "cpu", False)
-        raise ChaosError("slow-rank method=cgroup: no cgroup cpu controller on this node (use method=duty-cycle)")
+        raise ChaosError(
+            "slow-rank method=cgroup: no cgroup cpu controller on this node (use method=duty-cycle)"
+        )
 
     def current(self, pid: int) -> Path | None:
         """The cpu cgroup directory `pid` is in."""
@@ -152,7 +159,10 @@ class CgroupQuota:
         if self.group is None:
             group = self.cgroups.root / f"slurm-chaos-{self.ctx.job_id}-{self.name}"
             self.ctx.journal.record(
-                self.name, f"mkdir cgroup {group}", Undo(action="cgroup_remove", data={"path": str(group)}), self.ctx.deadline
+                self.name,
+                f"mkdir cgroup {group}",
+                Undo(action="cgroup_remove", data={"path": str(group)}),
+                self.ctx.deadline,
             )
             group.mkdir(exist_ok=True)
             self.cgroups.set_quota(group, 1.0 - self.percent / 100.0)
@@ -173,12 +183,21 @@ class CgroupQuota:
             self.ctx.journal.record(
                 self.name,
                 f"move pid {p.pid} into {group}",
-                Undo(action="cgroup_move", data={"pid": p.pid, "start": p.start, "to": str(origin), "from": str(group)}),
+                Undo(
+                    action="cgroup_move",
+                    data={"pid": p.pid, "start": p.start, "to": str(origin), "from": str(group)},
+                ),
                 self.ctx.deadline,
             )
             (group / "cgroup.procs").write_text(f"{p.pid}\n")
             self.moved[p.pid] = p
-            log.info("%s: pid %d of job %s limited to %g%% of a CPU", self.name, p.pid, self.ctx.job_id, 100 - self.percent)
+            log.info(
+                "%s: pid %d of job %s limited to %g%% of a CPU",
+                self.name,
+                p.pid,
+                self.ctx.job_id,
+                100 - self.percent,
+            )
         return self.next_scan
 
     def stop(self) -> None:
@@ -212,7 +231,9 @@ def _cgroup_remove(data: Mapping[str, Json], ctx: UndoContext) -> str:
     for _ in range(20):
         try:
             group.rmdir()
-            return f"rmdir {group}" + (f" ({len(leftovers)} processes moved to its parent)" if leftovers else "")
+            return f"rmdir {group}" + (
+                f" ({len(leftovers)} processes moved to its parent)" if leftovers else ""
+            )
         except OSError as exc:
             last = exc
             time.sleep(0.05)
@@ -256,7 +277,11 @@ def apply_slow_node(req: FaultRequest, ctx: JobContext) -> list[Controller]:
 
 def stress_argv(load: str, cpus: int, seconds: int) -> list[str]:
     """stress-ng command line for one noisy-neighbour load (0 CPUs = one worker per online CPU)."""
-    stressor = {"cpu": ["--cpu", str(cpus)], "cache": ["--cache", str(cpus)], "matmul": ["--matrix", str(cpus)]}
+    stressor = {
+        "cpu": ["--cpu", str(cpus)],
+        "cache": ["--cache", str(cpus)],
+        "matmul": ["--matrix", str(cpus)],
+    }
     workers = stressor.get(load, ["--vm", str(cpus), "--vm-bytes", "10%"])
     return ["stress-ng", *workers, "--timeout", f"{max(1, seconds)}s", "--quiet"]
 
@@ -278,12 +303,17 @@ def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller
         argv = [sys.executable, "-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", str(seconds)]
     else:
         if load == "matmul":
-            log.warning("noisy-neighbour: no GPU on %s: the matmul load runs on the CPUs (stress-ng --matrix)", ctx.node)
+            log.warning(
+                "noisy-neighbour: no GPU on %s: the matmul load runs on the CPUs (stress-ng --matrix)",
+                ctx.node,
+            )
         if shutil.which("stress-ng") is None:
             raise ChaosError("noisy-neighbour: stress-ng is not installed on this node")
         argv = stress_argv(load, cpus, seconds)
     marker = ctx.marker(req.name)
-    ctx.journal.record(req.name, " ".join(argv), Undo(action="kill_marked", data={"marker": marker}), ctx.deadline)
+    ctx.journal.record(
+        req.name, " ".join(argv), Undo(action="kill_marked", data={"marker": marker}), ctx.deadline
+    )
     pid = ctx.spawner(argv, {MARKER_ENV: marker}, ctx.log_file)
     log.info("noisy-neighbour: started %s (pid %d)", " ".join(argv), pid)
     return []
@@ -314,4 +344,6 @@ def _kill_marked(data: Mapping[str, Json], ctx: UndoContext) -> str:
     left = [p.pid for p in procs if node_proc.is_alive(p)]
     if left:
         raise UndoFailed(f"processes {left} marked {marker} survived SIGKILL")
-    return f"stopped {len(procs)} processes marked {marker}" + (f" ({len(killed)} with SIGKILL)" if killed else "")
+    return f"stopped {len(procs)} processes marked {marker}" + (
+        f" ({len(killed)} with SIGKILL)" if killed else ""
+    )

@@ -47,7 +47,9 @@ XID_TEXT = {
 def pci_bus_id(runner: Runner, gpu: int) -> str:
     """The GPU's PCI bus id as NVRM prints it (0000:3b:00); made up from the index without GPUs."""
     if shutil.which("nvidia-smi"):
-        res = runner(["nvidia-smi", "-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader"], timeout=10)
+        res = runner(
+            ["nvidia-smi", "-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader"], timeout=10
+        )
         if res.ok and res.stdout.strip():
             # nvidia-smi prints 00000000:3B:00.0; NVRM prints 0000:3b:00.
             domain, bus, dev = res.stdout.strip().split(":")[:3]
@@ -58,7 +60,8 @@ def pci_bus_id(runner: Runner, gpu: int) -> str:
 def xid_line(bus: str, xid: int, node: str, job_id: str) -> str:
     """A kernel-log XID line in the NVRM format dmesg-based detectors match."""
     what = XID_TEXT.get(xid, "Injected error.")
-    return f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=slurm-chaos, {what} (slurm-chaos: injected, node {node} job {job_id})"
+    tag = f"(slurm-chaos: injected, node {node} job {job_id})"
+    return f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=slurm-chaos, {what} {tag}"
 
 
 def have_dcgm(runner: Runner) -> bool:
@@ -73,13 +76,17 @@ def dcgm_inject_argv(gpu: int, field: int, value: float | int) -> list[str]:
 
 def _inject(req: FaultRequest, ctx: JobContext, gpu: int, field: int, value: float, healthy: float) -> None:
     argv = dcgm_inject_argv(gpu, field, value)
-    ctx.journal.record(req.name, " ".join(argv), Undo(argv=tuple(dcgm_inject_argv(gpu, field, healthy))), ctx.deadline)
+    ctx.journal.record(
+        req.name, " ".join(argv), Undo(argv=tuple(dcgm_inject_argv(gpu, field, healthy))), ctx.deadline
+    )
     res = ctx.runner(argv, timeout=20)
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
 
 
 def _no_dcgm(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    log.warning("%s: DCGM is not running on %s (no dcgmi or no nv-hostengine): nothing injected", req.name, ctx.node)
+    log.warning(
+        "%s: DCGM is not running on %s (no dcgmi or no nv-hostengine): nothing injected", req.name, ctx.node
+    )
     return []
 
 
@@ -89,7 +96,10 @@ def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     if method in ("kmsg", "both"):
         line = xid_line(pci_bus_id(ctx.runner, gpu), xid, ctx.node, ctx.job_id)
         ctx.journal.record(
-            req.name, f"write to {KMSG}: {line}", Undo(action="none", data={"note": "a kernel log line stays"}), ctx.deadline
+            req.name,
+            f"write to {KMSG}: {line}",
+            Undo(action="none", data={"note": "a kernel log line stays"}),
+            ctx.deadline,
         )
         try:
             KMSG.write_text(f"<3>{line}\n")
@@ -123,7 +133,9 @@ def apply_gpu_thermal(req: FaultRequest, ctx: JobContext) -> list[Controller]:
 
 
 def _query(runner: Runner, gpu: int, what: str) -> str:
-    res = runner(["nvidia-smi", "-i", str(gpu), f"--query-gpu={what}", "--format=csv,noheader,nounits"], timeout=10)
+    res = runner(
+        ["nvidia-smi", "-i", str(gpu), f"--query-gpu={what}", "--format=csv,noheader,nounits"], timeout=10
+    )
     check(res.ok, f"nvidia-smi --query-gpu={what}", res.stderr or res.stdout)
     return res.stdout.strip()
 
@@ -131,7 +143,9 @@ def _query(runner: Runner, gpu: int, what: str) -> str:
 @applies("gpu-throttle")
 def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     if shutil.which("nvidia-smi") is None:
-        log.warning("gpu-throttle: no nvidia-smi on %s (no GPUs): nothing throttled; use slow-rank instead", ctx.node)
+        log.warning(
+            "gpu-throttle: no nvidia-smi on %s (no GPUs): nothing throttled; use slow-rank instead", ctx.node
+        )
         return []
     gpu = str(int(num(req, "gpu")))
     if text(req, "method") == "power":

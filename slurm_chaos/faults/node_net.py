@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
-from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, num, text
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
 from slurm_chaos.faults.spec import FaultRequest
 
 HANDLE = "cafe:"
+#: netem, or tbf where the kernel lacks sch_netem and only a rate limit can be had.
+OUR_KINDS = frozenset({"netem", "tbf"})
 
 #: Root qdiscs the kernel sets up by itself: deleting ours brings one of these back.
 DEFAULT_KINDS = frozenset({"noqueue", "pfifo_fast", "mq", "fq_codel", "fq", "pfifo", "sfq", "cake"})
@@ -32,7 +34,7 @@ class RootQdisc:
 
     @property
     def ours(self) -> bool:
-        return self.kind == "netem" and self.handle == HANDLE
+        return self.kind in OUR_KINDS and self.handle == HANDLE
 
     @property
     def default(self) -> bool:
@@ -85,12 +87,48 @@ def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     argv = ["tc", "qdisc", "add", "dev", iface, "root", "handle", HANDLE, "netem", *netem_args(req)]
     ctx.journal.record(
         req.name,
-        " ".join(argv),
+        " ".join(argv) + " (or tbf for the rate alone where the kernel lacks netem)",
         Undo(action="tc_restore", data={"iface": iface, "before": before.kind if before else ""}),
         ctx.deadline,
     )
     res = ctx.runner(argv, timeout=10)
+    if not res.ok and "kind is unknown" in res.stderr:
+        return _without_netem(req, ctx, iface)
     check(res.ok, " ".join(argv), res.stderr)
+    return []
+
+
+def tbf_args(rate: int) -> list[str]:
+    """tbf rate limit: a burst of 1/100 s of traffic (at least 32 KiB), a queue of 1 s."""
+    return ["rate", f"{rate}bps", "burst", str(max(32768, rate // 100)), "latency", "1s"]
+
+
+def _without_netem(req: FaultRequest, ctx: JobContext, iface: str) -> list[Controller]:
+    # Some kernels ship without sch_netem (CONFIG_NET_SCH_NETEM unset): a rate limit is still real
+    # (tbf); delay, jitter and loss are not faked, and the log says so.
+    lost = [k for k in ("delay", "jitter", "loss") if num(req, k) > 0]
+    rate = req.get("rate")
+    if lost:
+        log.error("netem: the kernel of %s has no sch_netem: %s not applied", ctx.node, ", ".join(lost))
+    if rate is None:
+        raise ChaosError(
+            f"netem: the kernel of {ctx.node} has no sch_netem (CONFIG_NET_SCH_NETEM); nothing applied"
+        )
+    argv = [
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        iface,
+        "root",
+        "handle",
+        HANDLE,
+        "tbf",
+        *tbf_args(int(num(req, "rate"))),
+    ]
+    res = ctx.runner(argv, timeout=10)
+    check(res.ok, " ".join(argv), res.stderr)
+    log.info("netem: no sch_netem on %s: rate limit only: %s", ctx.node, " ".join(argv))
     return []
 
 

@@ -77,7 +77,9 @@ def apply_ckpt_full(req: FaultRequest, ctx: JobContext) -> list[Controller]:
         raise ChaosError(f"ckpt-full: path {path} must be absolute")
     leave = int(num(req, "leave"))
     if not path.exists():
-        ctx.journal.record(req.name, f"mkdir {path}", Undo(action="rmdir_if_empty", data={"path": str(path)}), ctx.deadline)
+        ctx.journal.record(
+            req.name, f"mkdir {path}", Undo(action="rmdir_if_empty", data={"path": str(path)}), ctx.deadline
+        )
         path.mkdir(parents=True)
         if ctx.uid is not None:
             os.chown(path, ctx.uid, ctx.gid if ctx.gid is not None else -1)
@@ -89,13 +91,18 @@ def apply_ckpt_full(req: FaultRequest, ctx: JobContext) -> list[Controller]:
         opts += f",gid={ctx.gid}"
     argv = ["mount", "-t", "tmpfs", "-o", opts, source, str(path)]
     ctx.journal.record(
-        req.name, " ".join(argv), Undo(action="umount_ours", data={"target": str(path), "source": source}), ctx.deadline
+        req.name,
+        " ".join(argv),
+        Undo(action="umount_ours", data={"target": str(path), "source": source}),
+        ctx.deadline,
     )
     res = ctx.runner(argv, timeout=10)
     check(res.ok, " ".join(argv), res.stderr)
     size = fill(path, leave)
     st = os.statvfs(path)
-    log.info("ckpt-full: %s is full (%d bytes of ballast, %d bytes free)", path, size, st.f_bavail * st.f_frsize)
+    log.info(
+        "ckpt-full: %s is full (%d bytes of ballast, %d bytes free)", path, size, st.f_bavail * st.f_frsize
+    )
     return []
 
 
@@ -110,7 +117,9 @@ def _umount_ours(data: Mapping[str, Json], ctx: UndoContext) -> str:
     if source not in stack:
         return f"{target}: {source} not mounted"
     if stack[-1] != source:
-        raise UndoFailed(f"{target}: {stack[-1]} is mounted over {source}; not unmounting someone else's mount")
+        raise UndoFailed(
+            f"{target}: {stack[-1]} is mounted over {source}; not unmounting someone else's mount"
+        )
     res = ctx.runner(["umount", target], timeout=20)
     if res.ok:
         return f"umount {target}"

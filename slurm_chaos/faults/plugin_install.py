@@ -153,6 +153,8 @@ def uninstall_plugin(site_conf_path: Path | str) -> bool:
     """Remove the plugin's line from the site's plugstack.conf; True if there was one."""
     site = load_site(site_conf_path)
     if not site.slurm.plugstack_conf:
-        raise ConfigError(str(site_conf_path), "slurm.plugstack_conf", "no plugstack.conf to remove the plugin from")
+        raise ConfigError(
+            str(site_conf_path), "slurm.plugstack_conf", "no plugstack.conf to remove the plugin from"
+        )
     path = Path(site.slurm.plugstack_conf)
     return update_plugstack(path, None) if path.exists() else False

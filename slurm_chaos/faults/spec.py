@@ -57,9 +57,7 @@ class FaultRequest:
     def format(self) -> str:
         """Canonical text of this request (given keys only, in catalogue key order)."""
         given = dict(self.params)
-        parts = [
-            f"{k.name}={k.format(given[k.name])}" for k in self.fault.keys if k.name in given
-        ]
+        parts = [f"{k.name}={k.format(given[k.name])}" for k in self.fault.keys if k.name in given]
         return self.fault.name + (":" + ",".join(parts) if parts else "")
 
 

@@ -174,7 +174,7 @@ class Sandbox:
         for n in layout.node_names():
             (layout.root / "spool" / n).mkdir(parents=True, exist_ok=True)
             (layout.root / "tmp" / n).mkdir(parents=True, exist_ok=True)
-        features = [f"{layout.rack_of(n)},sw{layout.rack_of(n)[4:]},cpu" for n in layout.node_names()]
+        features = [f"{layout.rack_of(n)},sw{layout.rack_of(n)[4:]},cpu,fast" for n in layout.node_names()]
         etc = layout.etc
         _write(
             layout.slurm_conf,

@@ -119,7 +119,11 @@ def test_typed_values_and_defaults() -> None:
         ("netem:delay=1s,delay=2s", "delay", "netem: key 'delay' given twice"),
         ("netem+netem", "netem", "fault 'netem' given twice"),
         ("netem+", "", "empty fault (stray '+')"),
-        ("nccl-degrade:ib=maybe", "ib=maybe", "nccl-degrade: ib: bad value 'maybe' (expected one of on, off)"),
+        (
+            "nccl-degrade:ib=maybe",
+            "ib=maybe",
+            "nccl-degrade: ib: bad value 'maybe' (expected one of on, off)",
+        ),
         ("netem:delay=61s", "delay=61s", "(above the maximum 60s)"),
         ("netem:rate=0", "rate=0", "(below the minimum 1)"),
         ("netem:delay=0.0000001ms", "delay=0.0000001ms", "(finer than 1ns)"),
@@ -170,7 +174,9 @@ def _value_text(key: KeySpec) -> st.SearchStrategy[str]:
     if key.type in (KeyType.INT, KeyType.BYTES):
         ints = st.integers(int(lo), int(hi))
         if key.type is KeyType.BYTES:
-            return ints.map(str) | st.integers(0, int(hi) >> 20).filter(lambda v: v >= lo).map(lambda v: f"{v}M")
+            return ints.map(str) | st.integers(0, int(hi) >> 20).filter(lambda v: v >= lo).map(
+                lambda v: f"{v}M"
+            )
         return ints.map(str)
     numbers = st.decimals(min_value=lo, max_value=min(hi, 10**6), places=3, allow_nan=False)
     if key.type is KeyType.DURATION:

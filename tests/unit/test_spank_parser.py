@@ -28,7 +28,11 @@ pytestmark = pytest.mark.skipif(
 
 def _make(*targets: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["make", "-C", str(PLUGIN_DIR), *targets], capture_output=True, text=True, timeout=timeout, check=False
+        ["make", "-C", str(PLUGIN_DIR), *targets],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -64,7 +68,9 @@ def c_answers(tool: Path, specs: Sequence[str], *flags: str) -> list[str]:
     out: list[str] = []
     for start in range(0, len(specs), 200):
         batch = specs[start : start + 200]
-        result = subprocess.run([str(tool), *flags, *batch], capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(
+            [str(tool), *flags, *batch], capture_output=True, text=True, timeout=60, check=False
+        )
         out.extend(result.stdout.splitlines())
     return out
 
@@ -105,7 +111,9 @@ def corpus(n: int, seed: int) -> Iterator[str]:
         elif kind < 0.9:
             fault = rng.choice(faults)
             key = rng.choice(fault.keys)
-            value = rng.choice(["0", "1", "-1", "1.5", "60s", "61s", "500ms", "1G", "2T", "on", "/x", "100%", ""])
+            value = rng.choice(
+                ["0", "1", "-1", "1.5", "60s", "61s", "500ms", "1G", "2T", "on", "/x", "100%", ""]
+            )
             yield f"{fault.name}:{key.name}={value}"
         else:
             yield "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 30)))
@@ -121,7 +129,9 @@ def test_c_and_python_agree_on_mutated_specs(chaos_spec: Path) -> None:
     specs = [s for s in corpus(3000, seed=20261130) if "\n" not in s]
     c_out = c_answers(chaos_spec, specs)
     assert len(c_out) == len(specs)
-    mismatches = [(s, c, python_answer(s)) for s, c in zip(specs, c_out) if c != python_answer(s)]
+    mismatches = [
+        (s, c, python_answer(s)) for s, c in zip(specs, c_out, strict=True) if c != python_answer(s)
+    ]
     assert not mismatches, mismatches[:5]
     # The corpus must exercise both outcomes, or the comparison proves little.
     assert 100 < sum(not a.startswith("error") for a in c_out) < len(specs) - 100
@@ -154,3 +164,111 @@ def test_task_environment_matches_python_resolved_values(chaos_spec: Path) -> No
             expected.append(f"{name}={spec_key.format(value)}")
     assert lines == expected
     assert "SLURM_CHAOS_NETEM_DELAY=0.25s" in lines
+
+
+# --- plugin_install: the plugstack.conf line, with a fake runner for make ------------------------
+
+
+def _site_file(tmp_path: Path, plugstack: Path, safety: str) -> Path:
+    text = (Path(__file__).resolve().parents[2] / "site_configs" / "sandbox.yaml").read_text()
+    text = "\n".join(
+        line
+        for line in text.splitlines()
+        if not line.startswith(("sandbox:", "safety:", "  allowed_", "  max_nodes", "  require_excl"))
+    )
+    text = (
+        text.replace("${sandbox_slurm_conf}", str(tmp_path / "slurm.conf"))
+        .replace("${sandbox_etc}/plugstack.conf", str(plugstack))
+        .replace("${sandbox_etc}", str(tmp_path))
+        .replace("${sandbox_shared}", str(tmp_path))
+        .replace("${prometheus_port}", "9090")
+        .replace("${alertmanager_port}", "9093")
+    )
+    site = tmp_path / "site.yaml"
+    site.write_text(text + "\n" + safety)
+    return site
+
+
+SAFETY = """safety:
+  allowed_users: [root, alice]
+  allowed_partitions: [debug]
+  allowed_reservations: [chaos_maint]
+  max_nodes: 4
+  require_exclusive: true
+"""
+
+
+def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
+    from slurm_chaos.faults.plugin_install import install_plugin, uninstall_plugin
+    from slurm_chaos.runner import Completed, FakeRunner
+
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text(
+        "# keep me\noptional /usr/lib/other.so x=1\nrequired /old/slurm_chaos.so allow_users=bob\n"
+    )
+    runner = FakeRunner(lambda argv: Completed(argv, 0, "", ""))
+    result = install_plugin(
+        _site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner, journal_dir="/var/lib/j"
+    )
+    assert runner.calls == [("make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={tmp_path / 'prefix'}")]
+    so = tmp_path / "prefix" / "lib" / "slurm-chaos" / "slurm_chaos.so"
+    assert result.replaced and result.plugin_path == so
+    assert plugstack.read_text().splitlines() == [
+        "# keep me",
+        "optional /usr/lib/other.so x=1",
+        f"required {so} allow_users=root,alice allow_partitions=debug allow_reservations=chaos_maint "
+        "require_exclusive=1 journal_dir=/var/lib/j",
+    ]
+    assert uninstall_plugin(result.plugstack_path.parent / "site.yaml")
+    assert plugstack.read_text().splitlines() == ["# keep me", "optional /usr/lib/other.so x=1"]
+
+
+def test_install_plugin_reports_a_failed_build(tmp_path: Path) -> None:
+    from slurm_chaos.errors import ChaosError
+    from slurm_chaos.faults.plugin_install import install_plugin
+    from slurm_chaos.runner import Completed, FakeRunner
+
+    plugstack = tmp_path / "plugstack.conf"
+    runner = FakeRunner(lambda argv: Completed(argv, 2, "", "parse.c:1: error: boom\nmake: *** [x] Error 1"))
+    with pytest.raises(ChaosError, match="boom"):
+        install_plugin(_site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner)
+    assert not plugstack.exists()  # nothing registered when the build failed
+
+
+def test_plugin_args_the_c_parser_would_refuse_are_caught(tmp_path: Path) -> None:
+    from slurm_chaos.errors import ConfigError
+    from slurm_chaos.faults.plugin_install import install_plugin
+    from slurm_chaos.runner import Completed, FakeRunner
+
+    bad = SAFETY.replace("[root, alice]", "['root', 'al ice']")
+    runner = FakeRunner(lambda argv: Completed(argv, 0, "", ""))
+    with pytest.raises(ConfigError, match="'al ice' is not a plain name"):
+        install_plugin(_site_file(tmp_path, tmp_path / "plugstack.conf", bad), tmp_path / "prefix", runner)
+    assert runner.calls == []
+
+
+def test_rendered_args_are_accepted_by_the_c_parser(chaos_spec: Path) -> None:
+    from slurm_chaos.faults.plugin_install import PluginArgs
+
+    words = PluginArgs(
+        allow_users=("root", "1002"),
+        allow_accounts=("a",),
+        allow_partitions=("debug", "gpu"),
+        allow_reservations=("maint",),
+        require_exclusive=False,
+        journal_dir="/j",
+    ).render()
+    assert words == [
+        "allow_users=root,1002",
+        "allow_accounts=a",
+        "allow_partitions=debug,gpu",
+        "allow_reservations=maint",
+        "require_exclusive=0",
+        "journal_dir=/j",
+    ]
+    assert c_answers(chaos_spec, words, "-a") == ["ok"]
+    refused = c_answers(chaos_spec, ["allow_user=root"], "-a")
+    assert refused == [
+        "error: unknown plugstack argument 'allow_user=root' (known: allow_users, allow_accounts, "
+        "allow_partitions, allow_reservations, require_exclusive, journal_dir)"
+    ]

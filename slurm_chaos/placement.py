@@ -1,0 +1,121 @@
+"""Variability-aware placement: rank nodes by the probe's measured speed, propose Slurm weights and features.
+
+Slurm allocates the lowest-weight nodes first, and a job with `--constraint=fast` only gets nodes
+with that feature. A node whose ranks compute markedly slower than the fastest node's gets a higher
+weight and loses the `fast` feature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_chaos.analysis.straggler import straggler_scores
+from slurm_chaos.errors import SlurmError
+from slurm_chaos.probe.reader import read_run
+from slurm_chaos.runner import Runner
+from slurm_chaos.slurm.model import NodeInfo
+
+FAST_FEATURE = "fast"
+SLOW_THRESHOLD = 0.85  # a node below 85% of the fastest node's speed is "slow"
+BASE_WEIGHT = 1
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """One node's measured speed relative to the fastest node (1.0), over every run it appeared in."""
+
+    node: str
+    score: float
+    ranks: int
+    slow: bool
+    weight: int
+
+
+def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> list[NodeRank]:
+    """Slowest first. Each node's score is the worst score of its ranks, per run, then the median over runs."""
+    per_node: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    for d in run_dirs:
+        run = read_run(d)
+        worst: dict[str, float] = {}
+        for s in straggler_scores(run):
+            worst[s.host] = min(worst.get(s.host, 1.0), s.score)
+            counts[s.host] = counts.get(s.host, 0) + 1
+        for host, score in worst.items():
+            per_node.setdefault(host, []).append(score)
+    ranking = []
+    for node, scores in per_node.items():
+        scores.sort()
+        median = scores[len(scores) // 2]
+        slow = median < threshold
+        # Weight grows with slowness: 1 for full speed, up to 100 for a node at a tenth of it.
+        weight = BASE_WEIGHT if not slow else max(2, min(100, round(BASE_WEIGHT / max(median, 0.01))))
+        ranking.append(NodeRank(node, median, counts[node], slow, weight))
+    return sorted(ranking, key=lambda r: (r.score, r.node))
+
+
+def format_ranking(ranking: list[NodeRank]) -> str:
+    lines = [f"{'NODE':<16} {'SPEED':>6} {'RANKS':>5}  {'PROPOSAL'}"]
+    for r in ranking:
+        proposal = f"Weight={r.weight}, remove feature '{FAST_FEATURE}'" if r.slow else f"feature '{FAST_FEATURE}'"
+        lines.append(f"{r.node:<16} {r.score:>6.2f} {r.ranks:>5}  {proposal}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class NodeSetting:
+    """What `scontrol update` sets on one node (and what restores it)."""
+
+    node: str
+    weight: int
+    features: tuple[str, ...]
+
+    def argv(self) -> list[str]:
+        feats = ",".join(self.features) or "(null)"
+        return [
+            "scontrol",
+            "update",
+            f"NodeName={self.node}",
+            f"Weight={self.weight}",
+            f"AvailableFeatures={feats}",
+            f"ActiveFeatures={feats}",
+        ]
+
+
+def proposals(ranking: list[NodeRank], current: dict[str, NodeInfo]) -> list[NodeSetting]:
+    """New settings for every ranked node Slurm knows: slow ones lose `fast`, fast ones gain it."""
+    out = []
+    for r in ranking:
+        info = current.get(r.node)
+        if info is None:
+            raise SlurmError(f"rank-nodes: Slurm has no node {r.node!r}")
+        feats = [f for f in info.features if f != FAST_FEATURE]
+        if not r.slow:
+            feats.append(FAST_FEATURE)
+        out.append(NodeSetting(r.node, r.weight, tuple(feats)))
+    return out
+
+
+def current_setting(info: NodeInfo, weight: int) -> NodeSetting:
+    return NodeSetting(info.name, weight, info.features)
+
+
+def read_weights(runner: Runner, env: dict[str, str], nodes: Iterable[str]) -> dict[str, int]:
+    res = runner(["sinfo", "-h", "-N", "-o", "%N %w", "-n", ",".join(nodes)], timeout=15, env=env)
+    if not res.ok:
+        raise SlurmError(f"sinfo: {res.stderr.strip()}")
+    weights = {}
+    for line in res.stdout.splitlines():
+        name, _, weight = line.partition(" ")
+        if weight.strip().isdigit():
+            weights[name] = int(weight)
+    return weights
+
+
+def apply_settings(runner: Runner, env: dict[str, str], settings: Iterable[NodeSetting]) -> None:
+    for s in settings:
+        res = runner(s.argv(), timeout=15, env=env)
+        if not res.ok:
+            raise SlurmError(f"scontrol update NodeName={s.node}: {res.stderr.strip()}")
