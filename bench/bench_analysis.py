@@ -31,9 +31,17 @@ GIB = 1024**3
 def in_memory(run: SyntheticRun, name: str) -> RunData:
     m = run.model
     ranks = tuple(
-        RankData(path=Path(name) / f"rank-{r}.h5", rank=r, world_size=m.ranks, host=host_of(m, r), job_id=name,
-                 attrs={"gpu_index": -1}, step=np.arange(m.steps), t_start=run.t_start[r],
-                 fields={k: v[r] for k, v in run.fields.items()})
+        RankData(
+            path=Path(name) / f"rank-{r}.h5",
+            rank=r,
+            world_size=m.ranks,
+            host=host_of(m, r),
+            job_id=name,
+            attrs={"gpu_index": -1},
+            step=np.arange(m.steps),
+            t_start=run.t_start[r],
+            fields={k: v[r] for k, v in run.fields.items()},
+        )
         for r in range(m.ranks)
     )
     return RunData(Path(name), ranks)
@@ -53,8 +61,9 @@ def main() -> None:
     args = parser.parse_args()
 
     base_model = JobModel(ranks=args.ranks, steps=args.steps, warmup_steps=50, ranks_per_host=8, seed=1)
-    fault_model = replace(base_model, seed=2, slow_rank=args.ranks // 3, slow_rank_factor=0.2,
-                          fault_start_step=args.steps // 2)
+    fault_model = replace(
+        base_model, seed=2, slow_rank=args.ranks // 3, slow_rank_factor=0.2, fault_start_step=args.steps // 2
+    )
     base_run, fault_run = simulate(base_model), simulate(fault_model)
     base, fault = in_memory(base_run, "baseline"), in_memory(fault_run, "fault")
     records = 2 * args.ranks * args.steps
@@ -66,8 +75,10 @@ def main() -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"ranks={args.ranks} steps={args.steps} records={records:,} (step records, both runs)")
-    print(f"analysis (in memory): {elapsed:.2f} s, {records / elapsed:,.0f} records/s, "
-          f"peak extra memory {peak / GIB:.2f} GiB")
+    print(
+        f"analysis (in memory): {elapsed:.2f} s, {records / elapsed:,.0f} records/s, "
+        f"peak extra memory {peak / GIB:.2f} GiB"
+    )
     print(f"  regression {100 * regression:+.2f}%, slowest rank {slow} (injected {fault_model.slow_rank})")
 
     if args.from_files:
@@ -82,8 +93,10 @@ def main() -> None:
             regression, slow = analyse(read_run(Path(tmp) / "baseline"), read_run(Path(tmp) / "fault"))
             elapsed = time.perf_counter() - t0
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-        print(f"from HDF5 files (read + analysis): {elapsed:.2f} s, {records / elapsed:,.0f} records/s "
-              f"(writing them took {written:.1f} s)")
+        print(
+            f"from HDF5 files (read + analysis): {elapsed:.2f} s, {records / elapsed:,.0f} records/s "
+            f"(writing them took {written:.1f} s)"
+        )
         print(f"  process peak RSS {rss:.2f} GiB (already {rss_before:.2f} GiB after generating the data)")
 
 

@@ -198,6 +198,31 @@ def _campaign(args: argparse.Namespace) -> int:
     return _launch(args, None, args.suite, "campaign")
 
 
+def _rank_nodes(args: argparse.Namespace) -> int:
+    from slurm_chaos.errors import UsageError
+    from slurm_chaos.placement import apply_settings, format_ranking, probe_dirs, proposals, rank_nodes
+    from slurm_chaos.runner import SubprocessRunner
+    from slurm_chaos.site import load_site
+    from slurm_chaos.slurm.backend import make_scheduler
+
+    dirs = probe_dirs(Path(p) for p in args.run_dirs)
+    if not dirs:
+        raise UsageError(f"no probe output (rank-0.h5) under {', '.join(args.run_dirs)}")
+    ranking = rank_nodes(dirs, threshold=args.threshold)
+    print(format_ranking(ranking))
+    if args.apply:
+        if not args.site:
+            raise UsageError("--apply needs --site")
+        site = load_site(args.site)
+        runner = SubprocessRunner()
+        scheduler = make_scheduler(site.slurm_env(), runner)
+        settings = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
+        apply_settings(runner, site.slurm_env(), settings)
+        for s in settings:
+            print("applied: " + " ".join(s.argv()[2:]))
+    return 0
+
+
 def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--site", required=True, help="site config YAML")
@@ -217,6 +242,13 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
     common(p)
     p.set_defaults(handler=_campaign)
+
+    p = sub.add_parser("rank-nodes", help="rank nodes by the probe's measured speed; propose Slurm weights/features")
+    p.add_argument("run_dirs", nargs="+", metavar="DIR", help="probe output or run directories")
+    p.add_argument("--threshold", type=float, default=0.85, help="speed below which a node is slow (default 0.85)")
+    p.add_argument("--site", help="site config YAML (needed with --apply)")
+    p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
+    p.set_defaults(handler=_rank_nodes)
 
     p = sub.add_parser("faults", help="list every fault with its keys")
     p.set_defaults(handler=_faults)
@@ -288,3 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("slurm-chaos: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        sys.stderr.close()
+        return 0

@@ -33,6 +33,17 @@ class NodeRank:
     weight: int
 
 
+def probe_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Probe output directories: each path itself if it holds rank-0.h5, else every such directory below it."""
+    found: list[Path] = []
+    for p in paths:
+        if (p / "rank-0.h5").is_file():
+            found.append(p)
+        else:
+            found += sorted(d.parent for d in p.rglob("rank-0.h5") if not d.parent.is_symlink())
+    return found
+
+
 def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> list[NodeRank]:
     """Slowest first. Each node's score is the worst score of its ranks, per run, then the median over runs."""
     per_node: dict[str, list[float]] = {}

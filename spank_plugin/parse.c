@@ -5,9 +5,11 @@
  * fixed-size buffers with explicit bounds: this code reads whatever a user types after
  * --chaos= and runs inside srun, sbatch and slurmstepd (as root).
  */
+#define _GNU_SOURCE             /* newlocale/uselocale */
 #include "parse.h"
 
 #include <ctype.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -572,7 +574,32 @@ static int parse_all(struct spec_ctx *c, const char *text, size_t len, struct ch
 	return 0;
 }
 
+static int chaos_parse_spec_c(const char *text, struct chaos_spec *out, char *err, size_t errlen);
+
+/*
+ * Numbers are read and printed in the C locale whatever the process set (srun, sbatch), so
+ * "1.5" means the same everywhere and matches Python.
+ */
+static locale_t c_locale(void)
+{
+	static locale_t loc;
+
+	if (!loc)
+		loc = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+	return loc;
+}
+
 int chaos_parse_spec(const char *text, struct chaos_spec *out, char *err, size_t errlen)
+{
+	locale_t loc = c_locale(), old = loc ? uselocale(loc) : (locale_t)0;
+	int rc = chaos_parse_spec_c(text, out, err, errlen);
+
+	if (loc)
+		uselocale(old);
+	return rc;
+}
+
+static int chaos_parse_spec_c(const char *text, struct chaos_spec *out, char *err, size_t errlen)
 {
 	/* The context holds a large message buffer: keep it off the (stepd) stack. */
 	struct spec_ctx *c = calloc(1, sizeof(*c));

@@ -17,7 +17,6 @@
 #define _GNU_SOURCE
 #include <stdint.h>             /* spank.h uses uint32_t but does not include stdint.h */
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pwd.h>
@@ -32,6 +31,7 @@
 
 #include <slurm/spank.h>
 
+#include "affinity.h"
 #include "parse.h"
 
 SPANK_PLUGIN(slurm_chaos, 1);
@@ -421,70 +421,6 @@ static int remote_user_init(spank_t sp)
 	return 0;
 }
 
-/* NUMA nodes with CPUs: fills masks, returns how many (node ids in ids[]). */
-static int numa_nodes(uint64_t (*masks)[CHAOS_MAX_CPUS / 64], int *ids, int max)
-{
-	DIR *d = opendir("/sys/devices/system/node");
-	struct dirent *e;
-	int n = 0;
-
-	if (!d)
-		return 0;
-	while ((e = readdir(d)) && n < max) {
-		char path[512];
-		int id;
-
-		if (sscanf(e->d_name, "node%d", &id) != 1)
-			continue;
-		snprintf(path, sizeof(path), "/sys/devices/system/node/%s/cpulist", e->d_name);
-		if (read_cpulist(path, masks[n], CHAOS_MAX_CPUS / 64) > 0)
-			ids[n++] = id;
-	}
-	closedir(d);
-	return n;
-}
-
-static int mask_has(const uint64_t *m, long cpu)
-{
-	return (m[cpu / 64] >> (cpu % 64)) & 1;
-}
-
-/* Mask of the last `count` online CPUs: every local task lands on the same few cores. */
-static int squeeze_mask(long count, uint64_t *out)
-{
-	uint64_t online[CHAOS_MAX_CPUS / 64];
-
-	if (read_cpulist("/sys/devices/system/cpu/online", online, CHAOS_MAX_CPUS / 64) <= 0)
-		return -1;
-	memset(out, 0, sizeof(online));
-	for (long c = CHAOS_MAX_CPUS - 1; c >= 0 && count > 0; c--)
-		if (mask_has(online, c)) {
-			out[c / 64] |= 1ULL << (c % 64);
-			count--;
-		}
-	return 0;
-}
-
-/* A NUMA node other than the one holding the task's first allowed CPU. */
-static int remote_numa_mask(const cpu_set_t *cur, uint64_t *out, int *node_out)
-{
-	static uint64_t masks[64][CHAOS_MAX_CPUS / 64];
-	int ids[64], n = numa_nodes(masks, ids, 64), local = 0;
-	long first = -1;
-
-	if (n < 2)
-		return -1;
-	for (long c = 0; c < CPU_SETSIZE && first < 0; c++)
-		if (CPU_ISSET(c, cur))
-			first = c;
-	for (int i = 0; i < n; i++)
-		if (first >= 0 && mask_has(masks[i], first))
-			local = i;
-	memcpy(out, masks[(local + 1) % n], sizeof(masks[0]));
-	*node_out = ids[(local + 1) % n];
-	return 0;
-}
-
 static int bind_memory(int node)
 {
 	unsigned long nodemask[1024 / (8 * sizeof(unsigned long))] = { 0 };
@@ -499,13 +435,12 @@ static int apply_numa_mismatch(spank_t sp, const struct chaos_request *r)
 {
 	const struct chaos_value *mode = chaos_get(r, "mode"), *cpus = chaos_get(r, "cpus"),
 				 *mem = chaos_get(r, "mem");
-	uint64_t want[CHAOS_MAX_CPUS / 64];
-	char before[1024] = "?", after[1024] = "?";
-	uint64_t cur_mask[CHAOS_MAX_CPUS / 64] = { 0 };
+	uint64_t cur_mask[CHAOS_MASK_WORDS] = { 0 }, want[CHAOS_MASK_WORDS];
+	char before[1024] = "?", after[1024] = "?", why[256];
 	struct step_ids ids;
 	uint32_t task = 0;
 	cpu_set_t cur, set;
-	int node = -1, remote = 0;
+	int node;
 
 	get_ids(sp, &ids);
 	spank_get_item(sp, S_TASK_GLOBAL_ID, &task);
@@ -514,32 +449,31 @@ static int apply_numa_mismatch(spank_t sp, const struct chaos_request *r)
 	for (long c = 0; c < CPU_SETSIZE && c < CHAOS_MAX_CPUS; c++)
 		if (CPU_ISSET(c, &cur))
 			cur_mask[c / 64] |= 1ULL << (c % 64);
-	chaos_format_cpulist(cur_mask, CHAOS_MAX_CPUS / 64, before, sizeof(before));
-	if (strcmp(mode->text, "squeeze") && remote_numa_mask(&cur, want, &node) == 0)
-		remote = 1;
-	else if (!strcmp(mode->text, "remote")) {
-		slurm_error(PFX "job %u.%s task %u: numa-mismatch mode=remote needs 2+ NUMA nodes",
-			    ids.job, ids.step, task);
-		return -1;
-	} else if (squeeze_mask(cpus->inum, want)) {
+	chaos_format_cpulist(cur_mask, CHAOS_MASK_WORDS, before, sizeof(before));
+	if (chaos_pick_cpus("/sys", mode->text, cpus->inum, cur_mask, want, &node, why, sizeof(why))) {
+		slurm_error(PFX "job %u.%s task %u: numa-mismatch: %s", ids.job, ids.step, task, why);
 		return -1;
 	}
 	CPU_ZERO(&set);
 	for (long c = 0; c < CPU_SETSIZE && c < CHAOS_MAX_CPUS; c++)
-		if (mask_has(want, c))
+		if ((want[c / 64] >> (c % 64)) & 1)
 			CPU_SET(c, &set);
-	chaos_format_cpulist(want, CHAOS_MAX_CPUS / 64, after, sizeof(after));
+	chaos_format_cpulist(want, CHAOS_MASK_WORDS, after, sizeof(after));
 	if (sched_setaffinity(0, sizeof(set), &set)) {
 		slurm_error(PFX "job %u.%s task %u: numa-mismatch: sched_setaffinity(%s): %m",
 			    ids.job, ids.step, task, after);
 		return -1;
 	}
-	slurm_info(PFX "job %u.%s task %u: numa-mismatch: CPUs %s -> %s (%s%s)", ids.job, ids.step,
-		   task, before, after, remote ? "remote NUMA node" : "squeeze",
-		   remote && !strcmp(mem->text, "on") ? ", memory bound too" : "");
-	if (remote && !strcmp(mem->text, "on") && bind_memory(node))
-		slurm_error(PFX "job %u.%s task %u: numa-mismatch: set_mempolicy(node %d): %m",
-			    ids.job, ids.step, task, node);
+	slurm_info(PFX "job %u.%s task %u: numa-mismatch: CPUs %s -> %s (%s)", ids.job, ids.step, task,
+		   before, after, node >= 0 ? "a remote NUMA node" : "squeezed");
+	if (node >= 0 && !strcmp(mem->text, "on")) {
+		if (bind_memory(node))
+			slurm_error(PFX "job %u.%s task %u: numa-mismatch: set_mempolicy(node %d): %m",
+				    ids.job, ids.step, task, node);
+		else
+			slurm_info(PFX "job %u.%s task %u: numa-mismatch: memory bound to NUMA node %d",
+				   ids.job, ids.step, task, node);
+	}
 	spank_setenv(sp, "SLURM_CHAOS_NUMA_MISMATCH_APPLIED", after, 1);
 	return 0;
 }

@@ -4,6 +4,8 @@
  *   chaos-spec SPEC...        print the canonical SPEC, or "error: <message>" (exit 1)
  *   chaos-spec -e SPEC        print the SLURM_CHAOS_* variables the plugin would set
  *   chaos-spec -a ARG...      parse plugstack.conf arguments: "ok" or "error: <message>"
+ *   chaos-spec -n SYSROOT MODE NCPUS CURRENT
+ *                             the CPUs numa-mismatch would pick: "cpus=<list> node=<n>"
  *
  * Used by the Python tests to hold parse.c and spec.py to the same grammar.
  */
@@ -11,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "affinity.h"
 #include "parse.h"
 
 #define ERR_MAX (3 * CHAOS_SPEC_MAX)
@@ -40,6 +43,23 @@ int main(int argc, char **argv)
 	int env = argc > 1 && !strcmp(argv[1], "-e");
 	int rc = 0;
 
+	if (argc == 6 && !strcmp(argv[1], "-n")) {
+		uint64_t cur[CHAOS_MASK_WORDS], out_mask[CHAOS_MASK_WORDS];
+		char list[4096];
+		int node;
+
+		if (chaos_parse_cpulist(argv[5], cur, CHAOS_MASK_WORDS) < 0) {
+			printf("error: bad CPU list '%s'\n", argv[5]);
+			return 1;
+		}
+		if (chaos_pick_cpus(argv[2], argv[3], atol(argv[4]), cur, out_mask, &node, err, sizeof(err))) {
+			printf("error: %s\n", err);
+			return 1;
+		}
+		chaos_format_cpulist(out_mask, CHAOS_MASK_WORDS, list, sizeof(list));
+		printf("cpus=%s node=%d\n", list, node);
+		return 0;
+	}
 	if (argc > 1 && !strcmp(argv[1], "-a")) {
 		static struct chaos_config cfg;
 

@@ -64,3 +64,15 @@ def sandbox() -> Iterator[SandboxHandle]:
     finally:
         if started and os.environ.get("SLURM_CHAOS_KEEP_SANDBOX") != "1":
             sb.down()
+
+
+@pytest.fixture(scope="session")
+def chaos_site(sandbox: SandboxHandle) -> Path:
+    """The sandbox site config with the SPANK plugin and node hooks installed into the test sandbox."""
+    from slurm_chaos.cli import main
+
+    os.environ["SLURM_CHAOS_SANDBOX"] = sandbox.name
+    site = REPO / "site_configs" / "sandbox.yaml"
+    prefix = sandbox.shared_dir.parent / "prefix"
+    assert main(["plugin", "install", "--site", str(site), "--prefix", str(prefix)]) == 0
+    return site

@@ -9,8 +9,15 @@ from typing import Any
 
 from slurm_chaos.analysis.model import Comparison, StragglerScore, comparison_json
 from slurm_chaos.analysis.regression import ALPHA, compare_runs
-from slurm_chaos.analysis.report import REPORT_FILES, RENDERERS, analyse_run, exit_code, render_html
-from slurm_chaos.analysis.report import render_json, render_junit
+from slurm_chaos.analysis.report import (
+    RENDERERS,
+    REPORT_FILES,
+    analyse_run,
+    exit_code,
+    render_html,
+    render_json,
+    render_junit,
+)
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.errors import UsageError
 from slurm_chaos.probe.reader import read_run
@@ -21,8 +28,9 @@ REPORT_FORMATS = tuple(RENDERERS)
 
 def _compare_record(c: Comparison, slow: tuple[StragglerScore, ...], waiters: int) -> dict[str, Any]:
     record = comparison_json(c)
-    record["stragglers"] = [{"rank": s.rank, "host": s.host, "gpu": s.gpu, "score": round(s.score, 4)}
-                            for s in slow]
+    record["stragglers"] = [
+        {"rank": s.rank, "host": s.host, "gpu": s.gpu, "score": round(s.score, 4)} for s in slow
+    ]
     record["waiting_ranks"] = waiters
     return record
 
@@ -34,7 +42,9 @@ def compare_dirs(baseline: Path, fault: Path, fmt: str) -> str:
     base_run, fault_run = read_run(baseline), read_run(fault)
     c = compare_runs(base_run, fault_run)
     # Score ranks where the fault acted: from the detected onset, or after the warm-up.
-    scores = straggler_scores(fault_run, slice(c.fault_warmup_steps if c.onset_step is None else c.onset_step, None))
+    scores = straggler_scores(
+        fault_run, slice(c.fault_warmup_steps if c.onset_step is None else c.onset_step, None)
+    )
     slow = stragglers(scores)
     waiters = sum(s.kind == "waits_in_allreduce" for s in scores)
     record = _compare_record(c, slow, waiters)
@@ -48,14 +58,27 @@ def _compare_text(c: Comparison, slow: tuple[StragglerScore, ...], waiters: int)
         return "-" if not math.isfinite(x) else f"{100 * x:+.2f}%"
 
     rows = [
-        ("baseline median", f"{1e3 * c.baseline.median:.3f} ms  (p95 {1e3 * c.baseline.p95:.3f}, "
-         f"p99 {1e3 * c.baseline.p99:.3f}; {c.baseline.n} steps after {c.baseline_warmup_steps} warm-up)"),
-        ("fault median", f"{1e3 * c.fault.median:.3f} ms  (p95 {1e3 * c.fault.p95:.3f}, "
-         f"p99 {1e3 * c.fault.p99:.3f}; {c.fault.n} steps after {c.fault_warmup_steps} warm-up)"),
-        ("regression", f"{pct(c.regression)}  {100 * (1 - ALPHA):.0f}% CI [{pct(c.ci_low)}, {pct(c.ci_high)}]"),
+        (
+            "baseline median",
+            f"{1e3 * c.baseline.median:.3f} ms  (p95 {1e3 * c.baseline.p95:.3f}, "
+            f"p99 {1e3 * c.baseline.p99:.3f}; {c.baseline.n} steps after {c.baseline_warmup_steps} warm-up)",
+        ),
+        (
+            "fault median",
+            f"{1e3 * c.fault.median:.3f} ms  (p95 {1e3 * c.fault.p95:.3f}, "
+            f"p99 {1e3 * c.fault.p99:.3f}; {c.fault.n} steps after {c.fault_warmup_steps} warm-up)",
+        ),
+        (
+            "regression",
+            f"{pct(c.regression)}  {100 * (1 - ALPHA):.0f}% CI [{pct(c.ci_low)}, {pct(c.ci_high)}]",
+        ),
         ("p-value", f"{c.p_value:.3g}"),
-        ("significant", "yes" if c.significant else "no" + (f" ({c.inconclusive_reason})"
-                                                           if c.inconclusive_reason else "")),
+        (
+            "significant",
+            "yes"
+            if c.significant
+            else "no" + (f" ({c.inconclusive_reason})" if c.inconclusive_reason else ""),
+        ),
         ("onset", "-" if c.onset_step is None else f"step {c.onset_step}"),
         ("stragglers", ", ".join(f"rank {s.rank} on {s.host} (score {s.score:.2f})" for s in slow) or "none"),
         ("waiting ranks", str(waiters)),

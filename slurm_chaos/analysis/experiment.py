@@ -13,8 +13,8 @@ from slurm_chaos.analysis.model import (
     OBSERVATIONS_FILE,
     ExperimentResult,
     FaultWindow,
-    ObservationLog,
     Observation,
+    ObservationLog,
     load_observations,
 )
 from slurm_chaos.analysis.regression import JobSeries, compare_series, job_series
@@ -92,13 +92,24 @@ def probe_observations(run: RunData) -> tuple[Observation, ...]:
     """The probe's own events and NUMA check, as observations (one per signal and host)."""
     seen: dict[tuple[str, str], Observation] = {}
     for r in run.ranks:
-        found = [Observation(PROBE_EVENT_SIGNALS[e.kind], e.time, f"{r.host} rank {r.rank}: {e.detail}".strip(": "))
-                 for e in r.events if e.kind in PROBE_EVENT_SIGNALS]
+        found = [
+            Observation(
+                PROBE_EVENT_SIGNALS[e.kind], e.time, f"{r.host} rank {r.rank}: {e.detail}".strip(": ")
+            )
+            for e in r.events
+            if e.kind in PROBE_EVENT_SIGNALS
+        ]
         if r.attrs.get("numa_mismatch") is True:
             start = r.attrs.get("start_time")
             t = float(start) if isinstance(start, (int, float)) else float(np.nan_to_num(r.t_start[:1]).sum())
-            found.append(Observation("numa_mismatch", t, f"{r.host} rank {r.rank}: cpus {r.attrs.get('cpu_affinity')} "
-                                     f"on NUMA {r.attrs.get('cpu_numa_nodes')}"))
+            found.append(
+                Observation(
+                    "numa_mismatch",
+                    t,
+                    f"{r.host} rank {r.rank}: cpus {r.attrs.get('cpu_affinity')} "
+                    f"on NUMA {r.attrs.get('cpu_numa_nodes')}",
+                )
+            )
         for o in found:
             key = (o.signal, r.host)
             if key not in seen or o.time < seen[key].time:
@@ -131,8 +142,10 @@ def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
     baseline = _read_side(exp_dir, "baseline")
     fault = _read_side(exp_dir, "fault")
     if baseline.world_size != fault.world_size:
-        raise DataError(f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "
-                        "they must run the same job shape")
+        raise DataError(
+            f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "
+            "they must run the same job shape"
+        )
     b, f = job_series(baseline), job_series(fault)
     comparison = compare_series(b, f, log.fault_window)
     steps = _fault_steps(f, log.fault_window, comparison.fault_warmup_steps)
@@ -141,10 +154,19 @@ def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
     lost = lost_steps(fault)
     j = judge(comparison, log, lost)
     result = ExperimentResult(
-        name=name, fault=log.fault, verdict=j.verdict, reason=j.reason, comparison=comparison,
-        stragglers=stragglers(scores), detected_by=j.detected_by, time_to_detect_s=j.time_to_detect_s,
-        time_to_remediate_s=j.time_to_remediate_s, lost_steps=lost, crashed=log.crashed,
-        world_size=fault.world_size, observations=log.observations,
+        name=name,
+        fault=log.fault,
+        verdict=j.verdict,
+        reason=j.reason,
+        comparison=comparison,
+        stragglers=stragglers(scores),
+        detected_by=j.detected_by,
+        time_to_detect_s=j.time_to_detect_s,
+        time_to_remediate_s=j.time_to_remediate_s,
+        lost_steps=lost,
+        crashed=log.crashed,
+        world_size=fault.world_size,
+        observations=log.observations,
     )
     return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps)
 
@@ -152,4 +174,3 @@ def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
 def _merged(log: ObservationLog, extra: tuple[Observation, ...]) -> tuple[Observation, ...]:
     everything = set(log.observations) | set(extra)
     return tuple(sorted(everything, key=lambda o: (o.time, o.signal, o.detail)))
-

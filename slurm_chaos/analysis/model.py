@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from slurm_chaos.errors import DataError
 OBSERVATIONS_FILE = "observations.json"
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """Outcome of one experiment; the values are what reports print."""
 
     PASSED = "PASSED"
@@ -269,7 +269,9 @@ def _observation(item: object, where: str, i: int) -> Observation:
     signal = o.get("signal")
     if not isinstance(signal, str) or not signal:
         raise DataError(f"{where}: observations[{i}].signal: expected a non-empty string")
-    return Observation(signal, _number(o.get("time"), where, f"observations[{i}].time"), str(o.get("detail", "")))
+    return Observation(
+        signal, _number(o.get("time"), where, f"observations[{i}].time"), str(o.get("detail", ""))
+    )
 
 
 def _expectation(raw: object, where: str) -> Expectation:
@@ -283,7 +285,9 @@ def _expectation(raw: object, where: str) -> Expectation:
         detect_signals=_strings(e.get("detect_signals", []), where, "expectation.detect_signals"),
         detect_within_s=_optional_number(e.get("detect_within_s"), where, "expectation.detect_within_s"),
         remediation=_strings(e.get("remediation", []), where, "expectation.remediation"),
-        remediate_within_s=_optional_number(e.get("remediate_within_s"), where, "expectation.remediate_within_s"),
+        remediate_within_s=_optional_number(
+            e.get("remediate_within_s"), where, "expectation.remediate_within_s"
+        ),
         max_lost_steps=_optional_int(e.get("max_lost_steps"), where, "expectation.max_lost_steps"),
     )
 

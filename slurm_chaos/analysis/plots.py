@@ -7,7 +7,9 @@ Large runs are reduced before plotting (time bins, rank groups) so the page stay
 from __future__ import annotations
 
 import io
+import itertools
 import re
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +28,7 @@ _SVG_START = re.compile(r"^.*?(?=<svg)", re.S)
 _SVG_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,7 +55,7 @@ def _bins(n: int, max_bins: int) -> npt.NDArray[np.int64]:
 
 def _reduce(x: FloatArray, edges: npt.NDArray[np.int64], how: str = "median") -> FloatArray:
     f = np.median if how == "median" else np.max
-    return np.asarray([f(x[..., lo:hi], axis=-1) for lo, hi in zip(edges[:-1], edges[1:])]).T
+    return np.asarray([f(x[..., lo:hi], axis=-1) for lo, hi in itertools.pairwise(edges)]).T
 
 
 def _time_axis(a: ExperimentAnalysis) -> tuple[FloatArray, str, float]:
@@ -76,7 +78,9 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     shown += [r for r in range(min(a.fault.world_size, MAX_TIMELINE_RANKS)) if r not in shown]
     ax.plot(xs, 1e3 * _reduce(step.max(axis=0), edges), color="black", lw=1.2, label="step (max over ranks)")
     for r in shown[:MAX_TIMELINE_RANKS]:
-        ax.plot(xs, 1e3 * _reduce(compute[r], edges), lw=0.8, label=f"rank {r} compute ({a.fault.ranks[r].host})")
+        ax.plot(
+            xs, 1e3 * _reduce(compute[r], edges), lw=0.8, label=f"rank {r} compute ({a.fault.ranks[r].host})"
+        )
     c = a.result.comparison
     if c is not None and c.baseline.median == c.baseline.median:
         ax.axhline(1e3 * c.baseline.median, color="grey", ls="--", lw=0.8, label="baseline median step")
@@ -84,7 +88,9 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
         end = a.window.end if a.window.end is not None else t0 + float(x[-1])
         ax.axvspan(a.window.start - t0, end - t0, color="tab:red", alpha=0.12, label="fault window")
         if a.result.time_to_detect_s is not None:
-            ax.axvline(a.window.start - t0 + a.result.time_to_detect_s, color="tab:green", lw=1, label="detected")
+            ax.axvline(
+                a.window.start - t0 + a.result.time_to_detect_s, color="tab:green", lw=1, label="detected"
+            )
     ax.set_xlabel(label)
     ax.set_ylabel("ms")
     ax.set_title("Step time per rank (fault run)")
@@ -124,7 +130,7 @@ def _time_columns(m: FloatArray, x: FloatArray, columns: int) -> FloatArray:
     edges = np.searchsorted(x, edges_t, side="left")
     edges[-1] = len(x)
     out = np.full((m.shape[0], columns), np.nan)
-    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
         if hi > lo:
             out[:, i] = np.median(m[:, lo:hi], axis=1)
     return out
@@ -139,18 +145,31 @@ def heatmap_svg(a: ExperimentAnalysis) -> str:
     # Equal time bins, so the fault window lines up with the timeline above even when steps vary in length.
     reduced = _time_columns(m, x, min(MAX_HEAT_COLUMNS, m.shape[1])) if len(x) > 1 else m
     row_edges = _bins(reduced.shape[0], MAX_HEAT_ROWS)
-    grid = np.stack([np.max(reduced[lo:hi], axis=0) for lo, hi in zip(row_edges[:-1], row_edges[1:])])
+    grid = np.stack([np.max(reduced[lo:hi], axis=0) for lo, hi in itertools.pairwise(row_edges)])
     ref = float(np.nanmedian(grid)) or 1.0
     cmap = plt.get_cmap("magma").with_extremes(bad="#dddddd")
     fig, ax = plt.subplots(figsize=(9, 3.2))
     fig.subplots_adjust(**_WIDE)
-    image = ax.imshow(grid / ref, aspect="auto", interpolation="nearest", cmap=cmap, origin="lower",
-                      extent=(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0, 0, m.shape[0]),
-                      vmin=0.8, vmax=max(1.2, float(np.nanpercentile(grid / ref, 99.5))))
+    image = ax.imshow(
+        grid / ref,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=cmap,
+        origin="lower",
+        extent=(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0, 0, m.shape[0]),
+        vmin=0.8,
+        vmax=max(1.2, float(np.nanpercentile(grid / ref, 99.5))),
+    )
     # The colour bar gets its own axes so the heat map lines up with the timeline above it.
-    fig.colorbar(image, cax=fig.add_axes((0.915, _WIDE["bottom"], 0.012, _WIDE["top"] - _WIDE["bottom"])),
-                 label="x median")
+    fig.colorbar(
+        image,
+        cax=fig.add_axes((0.915, _WIDE["bottom"], 0.012, _WIDE["top"] - _WIDE["bottom"])),
+        label="x median",
+    )
     ax.set_xlabel(label)
     ax.set_ylabel("rank")
-    ax.set_title(f"Ranks x time: {name} relative to the median" + (" (max over rank groups)" if len(row_edges) - 1 < m.shape[0] else ""))
+    ax.set_title(
+        f"Ranks x time: {name} relative to the median"
+        + (" (max over rank groups)" if len(row_edges) - 1 < m.shape[0] else "")
+    )
     return _svg(fig)

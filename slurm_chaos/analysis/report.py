@@ -68,19 +68,39 @@ def _row(r: ExperimentResult) -> list[str]:
     p = "-" if c is None else f"{c.p_value:.2g}"
     slow = r.stragglers[0] if r.stragglers else None
     straggler = "-" if slow is None else f"rank {slow.rank}@{slow.host} ({slow.score:.2f})"
-    return [r.name, r.fault or "-", r.verdict.value, _pct(c.regression if c else None), ci, p,
-            _secs(r.time_to_detect_s), _secs(r.time_to_remediate_s), str(r.lost_steps), straggler]
+    return [
+        r.name,
+        r.fault or "-",
+        r.verdict.value,
+        _pct(c.regression if c else None),
+        ci,
+        p,
+        _secs(r.time_to_detect_s),
+        _secs(r.time_to_remediate_s),
+        str(r.lost_steps),
+        straggler,
+    ]
 
 
 def render_table(report: RunReport) -> str:
     """Plain aligned text, one row per experiment, reasons listed below."""
     m = report.manifest
-    header = ["EXPERIMENT", "FAULT", "VERDICT", "REGRESSION", f"{100 * (1 - ALPHA):.0f}% CI", "P",
-              "DETECT", "REMEDIATE", "LOST", "STRAGGLER"]
+    header = [
+        "EXPERIMENT",
+        "FAULT",
+        "VERDICT",
+        "REGRESSION",
+        f"{100 * (1 - ALPHA):.0f}% CI",
+        "P",
+        "DETECT",
+        "REMEDIATE",
+        "LOST",
+        "STRAGGLER",
+    ]
     rows = [header] + [_row(r) for r in report.results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [f"run {m.run_id}  site {m.site or '-'}  started {m.started or '-'}", ""]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     lines.append("")
     lines += [f"{r.name}: {r.verdict.value}: {r.reason}" for r in report.results]
     passed = sum(r.verdict is Verdict.PASSED for r in report.results)
@@ -120,17 +140,30 @@ def render_junit(report: RunReport) -> str:
     m = report.manifest
     failures = sum(a.result.verdict is not Verdict.PASSED for a in report.analyses)
     tests = str(len(report.analyses))
-    root = ET.Element("testsuites", {"name": "slurm-chaos", "tests": tests, "failures": str(failures),
-                                     "errors": "0"})
-    suite = ET.SubElement(root, "testsuite", {"name": f"slurm-chaos.{m.run_id}", "tests": tests,
-                                              "failures": str(failures), "errors": "0", "skipped": "0"})
+    root = ET.Element(
+        "testsuites", {"name": "slurm-chaos", "tests": tests, "failures": str(failures), "errors": "0"}
+    )
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        {
+            "name": f"slurm-chaos.{m.run_id}",
+            "tests": tests,
+            "failures": str(failures),
+            "errors": "0",
+            "skipped": "0",
+        },
+    )
     props = ET.SubElement(suite, "properties")
     for key, value in (("run_id", m.run_id), ("site", m.site), ("started", m.started)):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for a in report.analyses:
         r = a.result
-        case = ET.SubElement(suite, "testcase", {"name": r.name, "classname": f"slurm-chaos.{m.site or 'site'}",
-                                                 "time": _duration(a)})
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            {"name": r.name, "classname": f"slurm-chaos.{m.site or 'site'}", "time": _duration(a)},
+        )
         if r.verdict is not Verdict.PASSED:
             failure = ET.SubElement(case, "failure", {"type": r.verdict.value, "message": r.reason})
             failure.text = json.dumps(r.to_json(), indent=2, sort_keys=True)
@@ -144,10 +177,12 @@ def render_junit(report: RunReport) -> str:
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;
-font-size:.9em}th{background:#f3f3f3}.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}th{background:#f3f3f3}
+.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
 .PASSED{background:#2e7d32}.BLIND_SPOT{background:#c62828}.NOT_RECOVERED{background:#6a1b9a}
-.NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}section{margin-top:2em;border-top:2px solid #ddd}
+.NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}
+section{margin-top:2em;border-top:2px solid #ddd}
 .plots svg{max-width:100%;height:auto}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
 """
 
@@ -166,33 +201,55 @@ def _experiment_html(a: ExperimentAnalysis) -> str:
 
     r, c = a.result, a.result.comparison
     e = html.escape
-    numbers: list[tuple[str, str]] = [("verdict", r.verdict.value), ("reason", r.reason), ("fault", r.fault or "-"),
-                                      ("ranks", str(r.world_size))]
+    numbers: list[tuple[str, str]] = [
+        ("verdict", r.verdict.value),
+        ("reason", r.reason),
+        ("fault", r.fault or "-"),
+        ("ranks", str(r.world_size)),
+    ]
     if c is not None:
         numbers += [
             ("regression (median step)", f"{_pct(c.regression)}  CI [{_pct(c.ci_low)}, {_pct(c.ci_high)}]"),
             ("p-value (Mann-Whitney, block medians)", f"{c.p_value:.3g}  significant: {c.significant}"),
-            ("baseline median / p95 / p99", f"{1e3 * c.baseline.median:.2f} / {1e3 * c.baseline.p95:.2f} / "
-             f"{1e3 * c.baseline.p99:.2f} ms  ({c.baseline.n} steps, warm-up {c.baseline_warmup_steps})"),
-            ("fault median / p95 / p99", f"{1e3 * c.fault.median:.2f} / {1e3 * c.fault.p95:.2f} / "
-             f"{1e3 * c.fault.p99:.2f} ms  ({c.fault.n} steps, warm-up {c.fault_warmup_steps})"),
+            (
+                "baseline median / p95 / p99",
+                f"{1e3 * c.baseline.median:.2f} / {1e3 * c.baseline.p95:.2f} / "
+                f"{1e3 * c.baseline.p99:.2f} ms  ({c.baseline.n} steps, warm-up {c.baseline_warmup_steps})",
+            ),
+            (
+                "fault median / p95 / p99",
+                f"{1e3 * c.fault.median:.2f} / {1e3 * c.fault.p95:.2f} / "
+                f"{1e3 * c.fault.p99:.2f} ms  ({c.fault.n} steps, warm-up {c.fault_warmup_steps})",
+            ),
             ("onset (change point)", "-" if c.onset_step is None else f"step {c.onset_step}"),
         ]
-    numbers += [("detected by", r.detected_by or "-"), ("time to detect", _secs(r.time_to_detect_s)),
-                ("time to remediate", _secs(r.time_to_remediate_s)), ("lost steps", str(r.lost_steps))]
-    strag = "".join(
-        f"<tr><td>{s.rank}</td><td>{e(s.host)}</td><td>{'-' if s.gpu is None else s.gpu}</td>"
-        f"<td>{s.score:.3f}</td><td>{e(s.kind)}</td></tr>" for s in r.stragglers[:20]
-    ) or '<tr><td colspan="5">no rank computes slower than its peers</td></tr>'
-    obs = "".join(
-        f"<tr><td>{o.time - a.window.start:+.1f}s</td><td>{e(o.signal)}</td><td>{e(o.detail)}</td></tr>"
-        for o in r.observations
-    ) or '<tr><td colspan="3">nothing observed</td></tr>'
+    numbers += [
+        ("detected by", r.detected_by or "-"),
+        ("time to detect", _secs(r.time_to_detect_s)),
+        ("time to remediate", _secs(r.time_to_remediate_s)),
+        ("lost steps", str(r.lost_steps)),
+    ]
+    strag = (
+        "".join(
+            f"<tr><td>{s.rank}</td><td>{e(s.host)}</td><td>{'-' if s.gpu is None else s.gpu}</td>"
+            f"<td>{s.score:.3f}</td><td>{e(s.kind)}</td></tr>"
+            for s in r.stragglers[:20]
+        )
+        or '<tr><td colspan="5">no rank computes slower than its peers</td></tr>'
+    )
+    obs = (
+        "".join(
+            f"<tr><td>{o.time - a.window.start:+.1f}s</td><td>{e(o.signal)}</td><td>{e(o.detail)}</td></tr>"
+            for o in r.observations
+        )
+        or '<tr><td colspan="3">nothing observed</td></tr>'
+    )
     return (
         f'<section id="{e(r.name)}"><h2>{e(r.name)} {_badge(r.verdict)}</h2>'
         f'<div class="row">{_kv_table(numbers)}<div><h3>Stragglers</h3><table><tr><th>rank</th><th>host</th>'
         f"<th>GPU</th><th>score</th><th>kind</th></tr>{strag}</table>"
-        f"<h3>Observations (from fault start)</h3><table><tr><th>t</th><th>signal</th><th>detail</th></tr>{obs}"
+        "<h3>Observations (from fault start)</h3>"
+        f"<table><tr><th>t</th><th>signal</th><th>detail</th></tr>{obs}"
         f'</table></div></div><div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
         f'<div class="row"><figure>{plots.distribution_svg(a)}</figure></div>'
         f"<figure>{plots.heatmap_svg(a)}</figure></div></section>"
@@ -204,13 +261,14 @@ def render_html(report: RunReport) -> str:
     m = report.manifest
     e = html.escape
     rows = "".join(
-        f'<tr><td><a href="#{e(r.name)}">{e(r.name)}</a></td><td>{e(r.fault or "-")}</td><td>{_badge(r.verdict)}'
-        f"</td><td>{e(_row(r)[3])}</td><td>{e(_row(r)[4])}</td><td>{e(_row(r)[6])}</td><td>{e(_row(r)[7])}</td>"
-        f"<td>{e(r.reason)}</td></tr>"
+        f'<tr><td><a href="#{e(r.name)}">{e(r.name)}</a></td><td>{e(r.fault or "-")}</td>'
+        f"<td>{_badge(r.verdict)}</td>"
+        + "".join(f"<td>{e(_row(r)[i])}</td>" for i in (3, 4, 6, 7))
+        + f"<td>{e(r.reason)}</td></tr>"
         for r in report.results
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>slurm-chaos report {e(m.run_id)}</title><style>{_CSS}</style></head><body>"
         f"<h1>slurm-chaos report</h1><p>run <b>{e(m.run_id)}</b>, site <b>{e(m.site or '-')}</b>, "
         f"started {e(m.started or '-')}</p>"

@@ -79,7 +79,7 @@ def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:
     slow_compute = float(compute[slow].min())
     slow_comm = float(np.median(comm[slow]))
     kinds = []
-    for c, w, is_slow in zip(compute, comm, slow):
+    for c, w, is_slow in zip(compute, comm, slow, strict=False):
         if is_slow:
             kinds.append(SLOW_COMPUTE)
         # A waiter's extra communication time covers at least half of the compute gap to the straggler.

@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.model import Expectation, FaultWindow, Observation, ObservationLog, write_observations
+from slurm_chaos.analysis.model import (
+    Expectation,
+    FaultWindow,
+    Observation,
+    ObservationLog,
+    write_observations,
+)
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
 
 FloatArray = npt.NDArray[np.float64]
@@ -62,8 +68,10 @@ class SyntheticRun:
     def fault_window(self) -> FaultWindow:
         m = self.model
         start = float(self.t_start[0, m.fault_start_step])
-        end = None if m.fault_end_step is None or m.fault_end_step >= m.steps else float(
-            self.t_start[0, m.fault_end_step] - 1e-6
+        end = (
+            None
+            if m.fault_end_step is None or m.fault_end_step >= m.steps
+            else float(self.t_start[0, m.fault_end_step] - 1e-6)
         )
         return FaultWindow(start, end)
 
@@ -89,7 +97,9 @@ def simulate(m: JobModel) -> SyntheticRun:
     rng = np.random.default_rng(m.seed)
     shared = _shared_factor(m, rng)
     jitter = np.maximum(0.05, 1.0 + m.rank_jitter * rng.standard_normal((m.ranks, m.steps)))
-    warm = 1.0 + (m.warmup_amplitude * np.exp(-np.arange(m.steps) / m.warmup_steps) if m.warmup_steps else 0.0)
+    warm = 1.0 + (
+        m.warmup_amplitude * np.exp(-np.arange(m.steps) / m.warmup_steps) if m.warmup_steps else 0.0
+    )
     fault = _fault_mask(m)
     per_rank = np.ones((m.ranks, 1))
     if m.slow_rank is not None:
@@ -121,9 +131,11 @@ def true_regression(base: JobModel, fault: JobModel, samples: int = 200_000) -> 
     Uses independent draws (the AR(1) factor is stationary, so the marginal law is the same) and
     fault-on steps only, with no warm-up: the quantity the analysis estimates.
     """
+
     def draw(m: JobModel, seed: int) -> float:
-        plain = replace(m, steps=samples, warmup_steps=0, ar_phi=0.0, seed=seed, fault_start_step=0,
-                        fault_end_step=None)
+        plain = replace(
+            m, steps=samples, warmup_steps=0, ar_phi=0.0, seed=seed, fault_start_step=0, fault_end_step=None
+        )
         return float(np.median(simulate_job_time(plain)))
 
     return draw(fault, 987_654) / draw(base, 123_456) - 1.0
@@ -151,13 +163,24 @@ def write_run(directory: Path, run: SyntheticRun, job_id: str = "1000") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for r in range(m.ranks):
         with h5py.File(directory / rank_file_name(r), "w") as f:
-            f.attrs.update({
-                "schema_version": SCHEMA_VERSION, "rank": r, "world_size": m.ranks,
-                "local_rank": r % m.ranks_per_host, "host": host_of(m, r), "job_id": job_id,
-                "start_time": m.start_time, "mode": "train", "backend": "gloo", "restart_step": 0,
-                "cpu_affinity": "0-3", "cpu_numa_nodes": "0", "numa_mismatch": False,
-                "gpu_index": r % m.ranks_per_host if m.gpus else -1,
-            })
+            f.attrs.update(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "rank": r,
+                    "world_size": m.ranks,
+                    "local_rank": r % m.ranks_per_host,
+                    "host": host_of(m, r),
+                    "job_id": job_id,
+                    "start_time": m.start_time,
+                    "mode": "train",
+                    "backend": "gloo",
+                    "restart_step": 0,
+                    "cpu_affinity": "0-3",
+                    "cpu_numa_nodes": "0",
+                    "numa_mismatch": False,
+                    "gpu_index": r % m.ranks_per_host if m.gpus else -1,
+                }
+            )
             g = f.create_group("steps")
             g.create_dataset("step", data=np.arange(m.steps, dtype=np.int64), maxshape=(None,))
             g.create_dataset("t_start", data=run.t_start[r], maxshape=(None,))
@@ -178,7 +201,7 @@ class SyntheticExperiment:
     name: str
     baseline: JobModel
     fault: JobModel
-    expectation: Expectation = Expectation()
+    expectation: Expectation = field(default_factory=Expectation)
     # (signal, seconds after the fault's start, detail)
     observations: Sequence[tuple[str, float, str]] = ()
     crashed: bool = False
@@ -203,12 +226,20 @@ def write_experiment(exp_dir: Path, exp: SyntheticExperiment) -> ObservationLog:
     return log
 
 
-def write_run_dir(run_dir: Path, experiments: Sequence[SyntheticExperiment], run_id: str = "synthetic-1",
-                  site: str = "synthetic") -> Path:
+def write_run_dir(
+    run_dir: Path,
+    experiments: Sequence[SyntheticExperiment],
+    run_id: str = "synthetic-1",
+    site: str = "synthetic",
+) -> Path:
     """A campaign run directory (manifest.json plus experiments/<name>/...) the report reads."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"run_id": run_id, "site": site, "started": "2026-01-01T00:00:00Z",
-                "experiments": [e.name for e in experiments]}
+    manifest = {
+        "run_id": run_id,
+        "site": site,
+        "started": "2026-01-01T00:00:00Z",
+        "experiments": [e.name for e in experiments],
+    }
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     for exp in experiments:
         write_experiment(run_dir / "experiments" / exp.name, exp)

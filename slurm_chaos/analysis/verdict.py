@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from slurm_chaos.analysis.model import Comparison, Expectation, ObservationLog, Observation, Verdict
+from slurm_chaos.analysis.model import Comparison, Expectation, Observation, ObservationLog, Verdict
 
 # Short remediation names an experiment may use, and the signals that show each happened.
 REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
@@ -94,9 +94,13 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
         late = "" if ttd is None else f" (first seen after {ttd:.0f} s, deadline {e.detect_within_s:.0f} s)"
         if slowed:
             assert c is not None
-            return verdict(Verdict.BLIND_SPOT, f"step time {_pct(c)} but no {'/'.join(e.detect_signals)} in time{late}")
+            return verdict(
+                Verdict.BLIND_SPOT, f"step time {_pct(c)} but no {'/'.join(e.detect_signals)} in time{late}"
+            )
         if e.expect_regression and noisy:
-            return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c) + f"; no {'/'.join(e.detect_signals)}{late}")
+            return verdict(
+                Verdict.INCONCLUSIVE, _noisy_reason(c) + f"; no {'/'.join(e.detect_signals)}{late}"
+            )
         if e.expect_regression:
             return verdict(Verdict.NO_EFFECT, "no significant slowdown and no detection: did the fault take?")
         return verdict(Verdict.BLIND_SPOT, f"expected {'/'.join(e.detect_signals)} in time, none seen{late}")

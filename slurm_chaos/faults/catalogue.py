@@ -81,6 +81,8 @@ def duration_ns(text: str) -> int:
         raise ValueError("expected a duration such as 30s, 500ms, 5m, 1h")
     whole, frac, unit = m.group(1), m.group(2) or "", m.group(3) or "s"
     scaled = (int(whole) * 10 ** len(frac) + int(frac or "0")) * _DURATION_NS[unit]
+    ns: int
+    rest: int
     ns, rest = divmod(scaled, 10 ** len(frac))
     if rest:
         raise ValueError("finer than 1ns")
@@ -160,7 +162,7 @@ class KeySpec:
         """Short human form of the type, e.g. ``enum(on|off)`` or ``duration``."""
         if self.type is KeyType.ENUM:
             return "enum(" + "|".join(self.choices) + ")"
-        return self.type.value
+        return str(self.type.value)
 
     def _parse_raw(self, text: str) -> Value:
         t = self.type

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 from slurm_chaos.slurm.cli_backend import SlurmCLI
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo, SubmitRequest
+from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo
 
 __all__ = [
     "AcctRecord",
@@ -14,6 +14,5 @@ __all__ = [
     "ReservationInfo",
     "Scheduler",
     "SlurmCLI",
-    "SubmitRequest",
     "make_scheduler",
 ]

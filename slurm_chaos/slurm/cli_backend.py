@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from slurm_chaos.errors import SlurmError, SlurmUnreachable
@@ -97,9 +96,11 @@ class SlurmCLI:
         if not ids:
             return {}
         jobs = self._squeue(ids)
-        gone = [j for j in ids if j not in jobs or jobs[j].state.is_terminal]
+        # While slurmctld remembers a job (MinJobAge after its end) its view is the complete one;
+        # slurmdbd may still hold a placeholder record then. Accounting answers for the rest.
+        gone = [j for j in ids if j not in jobs]
         if gone:
-            jobs.update(self._finished(gone, jobs))
+            jobs.update(self._finished(gone))
         return {j: jobs[j] for j in ids if j in jobs}
 
     def cancel(self, job_ids: Iterable[str]) -> None:
@@ -172,17 +173,10 @@ class SlurmCLI:
             self._check(done)
         return {j: info for j, info in jobs.items() if j in ids}
 
-    def _finished(self, ids: Sequence[str], live: Mapping[str, JobInfo]) -> dict[str, JobInfo]:
-        """Latest accounting run of jobs the controller no longer reports (or reports as ended)."""
-        try:
-            runs = parse.latest_runs(self._sacct(ids, allocations_only=True))
-        except SlurmError as exc:
-            if all(j in live for j in ids):
-                log.warning("sacct failed, keeping squeue's view: %s", exc)
-                return {}
-            raise
-        found = {j: parse.acct_to_job(rec) for j, rec in runs.items() if j in ids}
-        return {j: _merge(live.get(j), info) for j, info in found.items() if _same_run(live.get(j), info)}
+    def _finished(self, ids: Sequence[str]) -> dict[str, JobInfo]:
+        """Latest accounting run of jobs the controller no longer reports."""
+        runs = parse.latest_runs(self._sacct(ids, allocations_only=True))
+        return {j: parse.acct_to_job(rec) for j, rec in runs.items() if j in ids}
 
     def _sacct(self, ids: Sequence[str], allocations_only: bool) -> list[AcctRecord]:
         selection = ["--duplicates", f"--jobs={','.join(ids)}"] + (
@@ -196,19 +190,3 @@ class SlurmCLI:
             self._run(["sacct", "--noheader", "--parsable2", *selection, f"--format={fields}"])
         )
         return parse.parse_sacct_parsable(done.stdout)
-
-
-def _same_run(live: JobInfo | None, finished: JobInfo) -> bool:
-    """False when accounting's latest record predates the run squeue reports (not landed yet)."""
-    if live is None or live.submit_time is None or finished.submit_time is None:
-        return True
-    return finished.submit_time >= live.submit_time
-
-
-def _merge(live: JobInfo | None, finished: JobInfo) -> JobInfo:
-    """Accounting's record of a finished job, plus what only squeue knows (reason, restart count)."""
-    if live is None:
-        return finished
-    return replace(
-        finished, restarts=max(live.restarts, finished.restarts), reason=finished.reason or live.reason
-    )

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
 
 
 class JobState(StrEnum):
@@ -177,12 +176,3 @@ class AcctRecord:
     end_time: datetime | None = None
     partition: str = ""
     reservation: str = ""
-
-
-@dataclass(frozen=True)
-class SubmitRequest:
-    """What to hand to sbatch: a script, extra sbatch options, extra job environment."""
-
-    script: Path
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)

@@ -95,7 +95,7 @@ class PyslurmScheduler:
         ids = list(dict.fromkeys(str(j) for j in job_ids))
         live = {str(j.id): _job(j) for j in self._call("load jobs", self.pyslurm.Jobs.load).values()}
         jobs = {j: live[j] for j in ids if j in live}
-        gone = [j for j in ids if j not in jobs or jobs[j].state.is_terminal]
+        gone = [j for j in ids if j not in jobs]  # as in SlurmCLI.poll: accounting only for purged jobs
         if gone:
             runs = parse.latest_runs(self.cli.accounting(gone))
             jobs.update({j: parse.acct_to_job(r) for j, r in runs.items() if j in gone})

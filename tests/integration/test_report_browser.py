@@ -16,14 +16,23 @@ from slurm_chaos.analysis.model import Expectation
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)"
+)
 
 # Without the background-networking flags Chromium keeps trying to reach Google's hosts, which this
 # machine's closed network refuses; those refusals would drown the console check.
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--hide-scrollbars",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--hide-scrollbars",
 ]
 # Lines Chromium prints about its own environment (no D-Bus, no GPU process in a container), not the page.
 ENVIRONMENT_NOISE = re.compile(r"dbus|bus\.cc|gpu|gl_|viz|sandbox|fontconfig|crashpad|ozone|vaapi|udev", re.I)
@@ -39,12 +48,21 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = JobModel(ranks=8, steps=600, warmup_steps=15, ranks_per_host=2, gpus=True, seed=1)
     experiments = [
-        SyntheticExperiment("slow-gpu", base, replace(base, seed=2, slow_rank=5, slow_rank_factor=0.3,
-                                                      fault_start_step=250),
-                            Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
-                            observations=[("alert_firing:GpuSlow", 15.0, "rank 5")], fault_name="gpu-throttle"),
-        SyntheticExperiment("cpu-hog", base, replace(base, seed=3, slowdown=0.2, fault_start_step=100),
-                            Expectation(detect_signals=("alert_firing",)), fault_name="cpu-hog"),
+        SyntheticExperiment(
+            "slow-gpu",
+            base,
+            replace(base, seed=2, slow_rank=5, slow_rank_factor=0.3, fault_start_step=250),
+            Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
+            observations=[("alert_firing:GpuSlow", 15.0, "rank 5")],
+            fault_name="gpu-throttle",
+        ),
+        SyntheticExperiment(
+            "cpu-hog",
+            base,
+            replace(base, seed=3, slowdown=0.2, fault_start_step=100),
+            Expectation(detect_signals=("alert_firing",)),
+            fault_name="cpu-hog",
+        ),
     ]
     run = write_run_dir(tmp_path_factory.mktemp("browser") / "run", experiments)
     report_dir(run, "html", None)
@@ -77,6 +95,7 @@ def test_dom_has_the_plots_and_console_is_clean(page: Path, tmp_path: Path) -> N
     assert "Ranks x time" in dom and "fault window" in dom
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == [], console
-    page_errors = [line for line in done.stderr.splitlines()
-                   if ":ERROR:" in line and not ENVIRONMENT_NOISE.search(line)]
+    page_errors = [
+        line for line in done.stderr.splitlines() if ":ERROR:" in line and not ENVIRONMENT_NOISE.search(line)
+    ]
     assert page_errors == [], page_errors

@@ -255,3 +255,34 @@ def test_unprivileged_user_refused_at_submission(plugin: PluginSandbox, unprivil
     assert f"user '{unprivileged_user}'" in result.stderr
     assert "may not inject faults (not in allow_users)" in result.stderr
     assert not result.stdout.strip()
+
+
+def test_prolog_hooks_receive_the_canonical_spec(plugin: PluginSandbox, sandbox) -> None:  # type: ignore[no-untyped-def]
+    """The node-level faults are applied by prolog hooks: they read SPANK_SLURM_CHAOS."""
+    hooks = Path(sandbox.slurm_conf).parent / "prolog.d"
+    if not hooks.is_dir():
+        pytest.skip("this sandbox has no prolog.d")
+    dump = plugin.shared_dir / f"prolog-env-{uuid.uuid4().hex[:8]}"
+    probe = hooks / f"99-spank-test-{uuid.uuid4().hex[:6]}"
+    probe.write_text(f'#!/bin/sh\necho "$SPANK_SLURM_CHAOS" > {dump}.$SLURM_JOB_ID\n')
+    probe.chmod(0o755)
+    try:
+        result = plugin.run(
+            [
+                "sbatch",
+                "--wait",
+                "--parsable",
+                "--exclusive",
+                "-N1",
+                "--chaos=netem:delay=5ms",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "true",
+            ]
+        )
+        assert result.ok, result.stderr
+        job = result.stdout.strip().split(";")[0]
+        assert Path(f"{dump}.{job}").read_text().strip() == "netem:delay=0.005s"
+    finally:
+        probe.unlink()

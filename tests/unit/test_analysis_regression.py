@@ -20,7 +20,13 @@ from slurm_chaos.analysis.regression import (
     lag1_autocorrelation,
     robust_stats,
 )
-from slurm_chaos.analysis.synthetic import JobModel, SyntheticRun, simulate, simulate_job_time, true_regression
+from slurm_chaos.analysis.synthetic import (
+    JobModel,
+    SyntheticRun,
+    simulate,
+    simulate_job_time,
+    true_regression,
+)
 
 BASE = JobModel(ranks=8, steps=1000, warmup_steps=25, noise=0.02, seed=11)
 
@@ -147,7 +153,9 @@ def test_aa_false_positive_rate_at_most_one_percent() -> None:
 def test_aa_calibration_flags_a_broken_method() -> None:
     # A "method" that sees a 3% shift in every pair must come out with a 100% false-positive rate.
     model = JobModel(ranks=4, steps=300, noise=0.01)
-    pairs = [(simulate_job_time(replace(model, seed=i)), 1.03 * simulate_job_time(replace(model, seed=50 + i)))
-             for i in range(5)]
+    pairs = [
+        (simulate_job_time(replace(model, seed=i)), 1.03 * simulate_job_time(replace(model, seed=50 + i)))
+        for i in range(5)
+    ]
     calibration = aa_false_positive_rate(pairs, n_boot=100)
     assert calibration.rate == 1.0 and calibration.upper_95 == 1.0

@@ -19,18 +19,35 @@ from slurm_chaos.errors import DataError, UsageError
 
 XSD = Path(__file__).resolve().parents[1] / "data" / "junit" / "junit.xsd"
 BASE = JobModel(ranks=4, steps=400, warmup_steps=10, ranks_per_host=2, seed=1)
-DETECT = Expectation(detect_signals=("alert_firing:Straggler",), detect_within_s=60.0,
-                     remediation=("drain",), remediate_within_s=120.0)
+DETECT = Expectation(
+    detect_signals=("alert_firing:Straggler",),
+    detect_within_s=60.0,
+    remediation=("drain",),
+    remediate_within_s=120.0,
+)
 
 EXPERIMENTS = [
-    SyntheticExperiment("slow-rank", BASE, replace(BASE, seed=2, slow_rank=3, slow_rank_factor=0.3,
-                                                   fault_start_step=150),
-                        DETECT, observations=[("alert_firing:Straggler", 12.0, "rank 3"),
-                                              ("node_drained", 40.0, "node2: NHC: slow GPU")],
-                        fault_name="gpu-throttle"),
-    SyntheticExperiment("cpu-hog", BASE, replace(BASE, seed=3, slowdown=0.15),
-                        Expectation(detect_signals=("alert_firing",), detect_within_s=60.0), fault_name="cpu-hog"),
-    SyntheticExperiment("a-a", BASE, replace(BASE, seed=4), Expectation(expect_regression=False), fault_name="none"),
+    SyntheticExperiment(
+        "slow-rank",
+        BASE,
+        replace(BASE, seed=2, slow_rank=3, slow_rank_factor=0.3, fault_start_step=150),
+        DETECT,
+        observations=[
+            ("alert_firing:Straggler", 12.0, "rank 3"),
+            ("node_drained", 40.0, "node2: NHC: slow GPU"),
+        ],
+        fault_name="gpu-throttle",
+    ),
+    SyntheticExperiment(
+        "cpu-hog",
+        BASE,
+        replace(BASE, seed=3, slowdown=0.15),
+        Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
+        fault_name="cpu-hog",
+    ),
+    SyntheticExperiment(
+        "a-a", BASE, replace(BASE, seed=4), Expectation(expect_regression=False), fault_name="none"
+    ),
 ]
 EXPECTED = {"slow-rank": "PASSED", "cpu-hog": "BLIND SPOT", "a-a": "PASSED"}
 
@@ -93,8 +110,10 @@ def test_schema_rejects_what_jenkins_would(tmp_path: Path) -> None:
     xmlschema = pytest.importorskip("xmlschema")
     schema = xmlschema.XMLSchema(str(XSD))
     assert not schema.is_valid('<testsuites><testsuite name="x" tests="1" failures="0"/></testsuites>')
-    assert not schema.is_valid('<testsuites><testsuite name="x" tests="1" failures="0" errors="0">'
-                               "<testcase/></testsuite></testsuites>")
+    assert not schema.is_valid(
+        '<testsuites><testsuite name="x" tests="1" failures="0" errors="0">'
+        "<testcase/></testsuite></testsuites>"
+    )
 
 
 def test_html_is_self_contained_with_plots(run_dir: Path, outputs: dict[str, tuple[str, int]]) -> None:
@@ -195,7 +214,7 @@ def test_mismatched_ranks_is_a_data_error(copy: Path) -> None:
 
 
 def test_missing_manifest_and_experiment(copy: Path, tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="manifest.json: no such file"):
+    with pytest.raises(DataError, match=r"manifest\.json: no such file"):
         report_dir(tmp_path, "table", None)
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["experiments"].append("ghost")
@@ -206,13 +225,17 @@ def test_missing_manifest_and_experiment(copy: Path, tmp_path: Path) -> None:
 
 def test_missing_observations_is_a_data_error(copy: Path) -> None:
     (copy / "experiments" / "a-a" / "observations.json").unlink()
-    with pytest.raises(DataError, match="observations.json: no such file"):
+    with pytest.raises(DataError, match=r"observations\.json: no such file"):
         report_dir(copy, "table", None)
 
 
 def test_probe_events_become_observations(tmp_path: Path) -> None:
-    exp = SyntheticExperiment("xid", BASE, replace(BASE, seed=9),
-                              Expectation(expect_regression=False, detect_signals=("gpu_xid",), detect_within_s=30.0))
+    exp = SyntheticExperiment(
+        "xid",
+        BASE,
+        replace(BASE, seed=9),
+        Expectation(expect_regression=False, detect_signals=("gpu_xid",), detect_within_s=30.0),
+    )
     run = write_run_dir(tmp_path / "xid", [exp])
     fault = run / "experiments" / "xid" / "fault" / "rank-1.h5"
     with h5py.File(fault, "a") as f:
@@ -227,8 +250,9 @@ def test_probe_events_become_observations(tmp_path: Path) -> None:
 
 
 def test_lost_steps_counts_repeated_steps(tmp_path: Path) -> None:
-    exp = SyntheticExperiment("requeue", BASE, replace(BASE, seed=9),
-                              Expectation(expect_regression=False, max_lost_steps=10))
+    exp = SyntheticExperiment(
+        "requeue", BASE, replace(BASE, seed=9), Expectation(expect_regression=False, max_lost_steps=10)
+    )
     run = write_run_dir(tmp_path / "rq", [exp])
     for r in range(BASE.ranks):
         with h5py.File(run / "experiments" / "requeue" / "fault" / f"rank-{r}.h5", "a") as f:

@@ -54,5 +54,7 @@ def test_scores_over_selected_steps_only(tmp_path: Path) -> None:
 
 
 def test_no_gpu_means_gpu_none(tmp_path: Path) -> None:
-    run = read_run(write_run(tmp_path / "r", simulate(replace(MODEL, gpus=False, slow_rank=0, slow_rank_factor=0.3))))
+    run = read_run(
+        write_run(tmp_path / "r", simulate(replace(MODEL, gpus=False, slow_rank=0, slow_rank_factor=0.3)))
+    )
     assert stragglers(straggler_scores(run))[0].gpu is None

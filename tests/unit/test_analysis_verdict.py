@@ -28,8 +28,19 @@ STATS = Stats(500, 0.1, 0.11, 0.12)
 
 
 def comparison(regression: float, significant: bool, reason: str = "") -> Comparison:
-    return Comparison(STATS, STATS, regression, regression - 0.01, regression + 0.01, 1e-9 if significant else 0.5,
-                      significant, 50, 50, 4, inconclusive_reason=reason)
+    return Comparison(
+        STATS,
+        STATS,
+        regression,
+        regression - 0.01,
+        regression + 0.01,
+        1e-9 if significant else 0.5,
+        significant,
+        50,
+        50,
+        4,
+        inconclusive_reason=reason,
+    )
 
 
 SLOWED = comparison(0.2, True)
@@ -37,12 +48,18 @@ FLAT = comparison(0.001, False)
 NOISY = comparison(0.03, False, "too noisy: ...")
 
 DETECT = Expectation(detect_signals=("alert_firing:GpuSlow", "node_drained"), detect_within_s=60.0)
-REMEDIATE = replace(DETECT, remediation=("drain", "requeue", "resume"), remediate_within_s=600.0, max_lost_steps=100)
+REMEDIATE = replace(
+    DETECT, remediation=("drain", "requeue", "resume"), remediate_within_s=600.0, max_lost_steps=100
+)
 
 
 def log(expectation: Expectation, *observed: tuple[str, float], crashed: bool = False) -> ObservationLog:
-    return ObservationLog(FaultWindow(T0, T0 + 300), tuple(Observation(s, T0 + dt, "") for s, dt in observed),
-                          expectation, crashed=crashed)
+    return ObservationLog(
+        FaultWindow(T0, T0 + 300),
+        tuple(Observation(s, T0 + dt, "") for s, dt in observed),
+        expectation,
+        crashed=crashed,
+    )
 
 
 def test_passed_when_detected_in_time() -> None:
@@ -88,8 +105,11 @@ def test_crash_is_not_recovered() -> None:
 
 
 def test_remediation_in_time_passes_and_is_timed() -> None:
-    j = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 200.0)),
-              lost_steps=20)
+    j = judge(
+        SLOWED,
+        log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 200.0)),
+        lost_steps=20,
+    )
     assert j.verdict is Verdict.PASSED
     assert j.time_to_remediate_s == 200.0
 
@@ -97,14 +117,19 @@ def test_remediation_in_time_passes_and_is_timed() -> None:
 def test_missing_or_late_remediation_is_not_recovered() -> None:
     missing = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0)))
     assert missing.verdict is Verdict.NOT_RECOVERED and "'resume'" in missing.reason
-    late = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0),
-                             ("resumed_from_checkpoint", 900.0)))
+    late = judge(
+        SLOWED,
+        log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 900.0)),
+    )
     assert late.verdict is Verdict.NOT_RECOVERED and "deadline 600 s" in late.reason
 
 
 def test_too_many_lost_steps_is_not_recovered() -> None:
-    j = judge(SLOWED, log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 60.0)),
-              lost_steps=101)
+    j = judge(
+        SLOWED,
+        log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 30.0), ("resumed_from_checkpoint", 60.0)),
+        lost_steps=101,
+    )
     assert j.verdict is Verdict.NOT_RECOVERED and "lost 101 steps" in j.reason
 
 
@@ -124,16 +149,25 @@ def test_expected_signal_without_slowdown_missing_is_a_blind_spot() -> None:
 
 
 def test_verdict_values_are_the_printed_words() -> None:
-    assert [v.value for v in Verdict] == ["PASSED", "BLIND SPOT", "NOT RECOVERED", "NO EFFECT", "INCONCLUSIVE"]
+    assert [v.value for v in Verdict] == [
+        "PASSED",
+        "BLIND SPOT",
+        "NOT RECOVERED",
+        "NO EFFECT",
+        "INCONCLUSIVE",
+    ]
 
 
-@pytest.mark.parametrize(("observed", "wanted", "match"), [
-    ("node_drained", "node_drained", True),
-    ("alert_firing:GpuHot", "alert_firing", True),
-    ("alert_firing:GpuHot", "alert_firing:Gpu*", True),
-    ("alert_firing_x", "alert_firing", False),
-    ("job_requeued", "node_drained", False),
-])
+@pytest.mark.parametrize(
+    ("observed", "wanted", "match"),
+    [
+        ("node_drained", "node_drained", True),
+        ("alert_firing:GpuHot", "alert_firing", True),
+        ("alert_firing:GpuHot", "alert_firing:Gpu*", True),
+        ("alert_firing_x", "alert_firing", False),
+        ("job_requeued", "node_drained", False),
+    ],
+)
 def test_signal_matching(observed: str, wanted: str, match: bool) -> None:
     assert signal_matches(observed, wanted) is match
 
@@ -147,14 +181,20 @@ def test_observations_round_trip(tmp_path: Path) -> None:
     assert [o.signal for o in back.observations] == ["job_requeued", "node_drained"]  # sorted by time
 
 
-@pytest.mark.parametrize(("raw", "key"), [
-    ({"observations": []}, "fault_window"),
-    ({"fault_window": {"start": "soon"}}, "fault_window.start"),
-    ({"fault_window": {"start": 1.0}, "observations": [{"time": 2.0}]}, "observations[0].signal"),
-    ({"fault_window": {"start": 1.0}, "expectation": {"detect_within": 5}}, "expectation.detect_within"),
-    ({"fault_window": {"start": 1.0}, "expectation": {"max_lost_steps": -1}}, "expectation.max_lost_steps"),
-    ({"fault_window": {"start": 1.0}, "crashed": "no"}, "crashed"),
-])
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"observations": []}, "fault_window"),
+        ({"fault_window": {"start": "soon"}}, "fault_window.start"),
+        ({"fault_window": {"start": 1.0}, "observations": [{"time": 2.0}]}, "observations[0].signal"),
+        ({"fault_window": {"start": 1.0}, "expectation": {"detect_within": 5}}, "expectation.detect_within"),
+        (
+            {"fault_window": {"start": 1.0}, "expectation": {"max_lost_steps": -1}},
+            "expectation.max_lost_steps",
+        ),
+        ({"fault_window": {"start": 1.0}, "crashed": "no"}, "crashed"),
+    ],
+)
 def test_malformed_observations_name_the_key(raw: dict[str, object], key: str) -> None:
     with pytest.raises(DataError, match=key.replace("[", r"\[").replace("]", r"\]")):
         observations_from_json(raw)

@@ -162,46 +162,57 @@ def test_poll_twenty_jobs_is_one_squeue_and_one_sacct_on_22_05() -> None:
     (sacct,) = calls_to(runner, "sacct")
     assert f"--jobs={','.join(ids)}" in squeue and "--states=all" in squeue
     assert any(a.startswith("--Format=JobID:|,Name:|") for a in squeue)
-    # only jobs squeue did not report as live go to accounting
+    # only jobs the controller no longer knows go to accounting
     assert "--parsable2" in sacct and "--duplicates" in sacct and "--allocations" in sacct
-    assert "--jobs=1,2,3,4,5,7,8,9,10,11,12,13,14,15,16,17,18,19,20" in sacct
+    assert "--jobs=12,13,14,15,16,17,18,19,20" in sacct
     assert (jobs["6"].state, jobs["6"].restarts, jobs["6"].reservation) == (JobState.RUNNING, 1, "maint")
     assert (jobs["3"].state, jobs["3"].exit_code, jobs["3"].reason) == (JobState.FAILED, 3, "NonZeroExitCode")
-    assert jobs["10"].state is JobState.TIMEOUT
+    assert (jobs["10"].state, jobs["10"].signal) == (JobState.TIMEOUT, 15)
     assert set(jobs) == {str(i) for i in range(1, 12)}  # 12..20 are unknown to Slurm
 
 
 def test_poll_uses_json_on_24_11() -> None:
     runner = slurm(V24)
-    jobs = SlurmCLI(ENV, runner).poll(["1", "3", "6", "10"])
+    jobs = SlurmCLI(ENV, runner).poll(["1", "3", "6", "10", "12"])
     (squeue,) = calls_to(runner, "squeue")
     (sacct,) = calls_to(runner, "sacct")
     assert squeue[:2] == ("squeue", "--json") and sacct[:2] == ("sacct", "--json")
-    assert "--jobs=10" in sacct  # the only one squeue reports as ended
+    assert "--jobs=12" in sacct
     assert jobs["1"].state is JobState.RUNNING and jobs["3"].state is JobState.PENDING
-    assert (jobs["10"].state, jobs["10"].signal) == (JobState.TIMEOUT, 0)  # accounting's view of the run
+    assert (jobs["10"].state, jobs["10"].signal) == (JobState.TIMEOUT, 15)
+    assert "12" not in jobs
 
 
-def test_poll_of_live_jobs_needs_no_accounting() -> None:
+def test_poll_reads_accounting_json_for_purged_jobs_on_24_11() -> None:
+    empty = '{"jobs": [], "errors": [], "warnings": []}'
+    runner = slurm(V24, {"squeue": lambda a: ok(a, empty)})
+    jobs = SlurmCLI(ENV, runner).poll(["3", "6"])
+    assert (jobs["3"].state, jobs["3"].exit_code) == (JobState.FAILED, 3)
+    assert (jobs["6"].state, jobs["6"].restarts, jobs["6"].reservation) == (JobState.RUNNING, 1, "maint")
+
+
+def test_poll_of_jobs_slurmctld_knows_needs_no_accounting() -> None:
     runner = slurm(V22)
-    jobs = SlurmCLI(ENV, runner).poll(["6", "6"])
-    assert list(jobs) == ["6"] and calls_to(runner, "sacct") == []
+    jobs = SlurmCLI(ENV, runner).poll(["6", "6", "3"])
+    assert list(jobs) == ["6", "3"] and calls_to(runner, "sacct") == []
     assert len(calls_to(runner, "squeue")) == 1
+    assert (jobs["3"].state, jobs["3"].exit_code) == (JobState.FAILED, 3)
 
 
 def test_poll_when_squeue_has_forgotten_every_job() -> None:
     runner = slurm(V22, {"squeue": lambda a: recorded_failure(a, V22 / "squeue_unknown_job.stderr")})
-    jobs = SlurmCLI(ENV, runner).poll(["3"])
+    jobs = SlurmCLI(ENV, runner).poll(["3", "6"])
     assert (jobs["3"].state, jobs["3"].exit_code) == (JobState.FAILED, 3)
+    assert (jobs["6"].state, jobs["6"].restarts) == (JobState.RUNNING, 1)
 
 
-def test_poll_keeps_squeue_view_when_accounting_is_down() -> None:
+def test_poll_of_purged_job_with_accounting_down_is_unreachable() -> None:
     def dbd_down(argv: tuple[str, ...]) -> Completed:
         return Completed(argv, 1, "", "sacct: error: Problem talking to the database: Connection refused\n")
 
     runner = slurm(V22, {"sacct": dbd_down})
-    jobs = SlurmCLI(ENV, runner).poll(["3", "6"])
-    assert (jobs["3"].state, jobs["3"].exit_code, jobs["6"].state) == (JobState.FAILED, 3, JobState.RUNNING)
+    with pytest.raises(SlurmUnreachable, match="Problem talking to the database"):
+        SlurmCLI(ENV, runner).poll(["3", "99"])
 
 
 def test_poll_nothing_runs_nothing() -> None:
@@ -298,3 +309,17 @@ def test_cli_when_pyslurm_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(select, "load_pyslurm", lambda: None)
     assert select.choose(None, "22.05.8") == "cli"
     assert isinstance(select.select_scheduler(ENV, slurm(V22)), SlurmCLI)
+
+
+def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None:
+    """Recorded on the sandbox: right after a job ends slurmdbd holds an `allocation` stub record."""
+    runner = slurm(
+        V22,
+        {
+            "squeue": lambda a: ok(a, (V22 / "squeue_O_just_finished.txt").read_text()),
+            "sacct": lambda a: ok(a, (V22 / "sacct_placeholder_just_finished.parsable2.txt").read_text()),
+        },
+    )
+    job = SlurmCLI(ENV, runner).poll(["34"])["34"]
+    assert (job.name, job.nodes, job.state) == ("two.sbatch", ("node1", "node2"), JobState.COMPLETED)
+    assert calls_to(runner, "sacct") == []

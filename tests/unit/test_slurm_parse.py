@@ -47,6 +47,7 @@ def test_bad_hostlist_is_a_slurm_error() -> None:
 @pytest.mark.parametrize(("folder", "version"), [(V22, (22, 5, 8)), (V24, (24, 11, 5))])
 def test_version(folder: Path, version: tuple[int, int, int]) -> None:
     assert parse.parse_version(text(folder / "sinfo_version.txt")) == version
+    assert parse.parse_version(text(folder / "sinfo_version.txt").replace("slurm-wlm", "slurm")) == version
 
 
 def test_sbatch_parsable() -> None:
@@ -254,3 +255,16 @@ def test_scontrol_jobs_one_liner_and_multi_line() -> None:
 def test_invalid_json_names_the_command() -> None:
     with pytest.raises(SlurmError, match="squeue --json printed invalid JSON"):
         parse.parse_squeue_json("slurm_load_jobs error: Unable to contact slurm controller")
+
+
+def test_a_reused_job_id_is_a_new_job_not_a_requeue() -> None:
+    """A controller whose state was wiped hands out ids slurmdbd has seen: only REQUEUED links runs."""
+    lines = {ln.split("|")[0]: ln for ln in text(V22 / "sacct_allocations.parsable2.txt").splitlines()}
+    reused = (
+        lines["3"]
+        .replace("3|3|failing", "4|4|failing")
+        .replace("2026-11-30T04:49:06", "2026-11-30T05:00:00", 1)
+    )
+    records = parse.parse_sacct_parsable(lines["4"] + "\n" + reused + "\n")
+    assert [(r.name, r.requeues) for r in records] == [("ok", 0), ("failing", 0)]
+    assert parse.latest_runs(records)["4"].name == "failing"

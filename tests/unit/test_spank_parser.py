@@ -272,3 +272,36 @@ def test_rendered_args_are_accepted_by_the_c_parser(chaos_spec: Path) -> None:
         "error: unknown plugstack argument 'allow_user=root' (known: allow_users, allow_accounts, "
         "allow_partitions, allow_reservations, require_exclusive, journal_dir)"
     ]
+
+
+def _fake_sysfs(root: Path, nodes: dict[int, str], online: str) -> Path:
+    for node, cpus in nodes.items():
+        (root / "devices/system/node" / f"node{node}").mkdir(parents=True)
+        (root / "devices/system/node" / f"node{node}" / "cpulist").write_text(cpus + "\n")
+    (root / "devices/system/cpu").mkdir(parents=True)
+    (root / "devices/system/cpu/online").write_text(online + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("mode", "ncpus", "current", "expected"),
+    [
+        ("auto", 1, "0-1", "cpus=4-7 node=1"),  # task on node 0 -> bound to node 1
+        ("remote", 1, "5", "cpus=8-11 node=2"),  # on node 1 -> the next node with CPUs
+        ("auto", 1, "9", "cpus=0-3 node=0"),  # wraps around; node 3 has no CPUs
+        ("squeeze", 3, "0-11", "cpus=9-11 node=-1"),  # last 3 online CPUs
+    ],
+)
+def test_numa_mismatch_cpu_choice_on_a_multi_numa_node(
+    chaos_spec: Path, tmp_path: Path, mode: str, ncpus: int, current: str, expected: str
+) -> None:
+    sysfs = _fake_sysfs(tmp_path, {0: "0-3", 1: "4-7", 2: "8-11", 3: ""}, "0-11")
+    assert c_answers(chaos_spec, [str(sysfs), mode, str(ncpus), current], "-n") == [expected]
+
+
+def test_numa_mismatch_on_a_single_numa_node(chaos_spec: Path, tmp_path: Path) -> None:
+    sysfs = _fake_sysfs(tmp_path, {0: "0-1"}, "0-1")
+    assert c_answers(chaos_spec, [str(sysfs), "auto", "1", "0-1"], "-n") == ["cpus=1 node=-1"]
+    assert c_answers(chaos_spec, [str(sysfs), "remote", "1", "0-1"], "-n") == [
+        "error: mode=remote needs 2 or more NUMA nodes with CPUs"
+    ]

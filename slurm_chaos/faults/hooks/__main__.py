@@ -102,7 +102,9 @@ def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> 
         log.info("epilog: job %s on %s: %s", job, node, line)
 
 
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, runner: Runner | None = None
+) -> int:
     p = argparse.ArgumentParser(prog="python -m slurm_chaos.faults.hooks")
     p.add_argument("kind", choices=["prolog", "epilog"])
     p.add_argument("--journal-root", type=Path, default=DEFAULT_ROOT)
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     agent.setup_logging(args.log_file)
     environ = env if env is not None else dict(os.environ)
     try:
-        (prolog if args.kind == "prolog" else epilog)(args, environ, SubprocessRunner())
+        (prolog if args.kind == "prolog" else epilog)(args, environ, runner or SubprocessRunner())
     except Exception:  # never let a hook's own failure drain the node
         log.error("%s failed for job %s:\n%s", args.kind, environ.get("SLURM_JOB_ID"), traceback.format_exc())
     return 0

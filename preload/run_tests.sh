@@ -1,0 +1,43 @@
+#!/bin/sh
+# Runs test_io under the shim, one scenario per process, plus a Python program (when python3 exists).
+set -eu
+B=${1:-build}
+LIB=$(cd "$B" && pwd)/libslurm_chaos_io.so
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+run() {
+	scenario=$1; shift
+	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"
+	echo data > "$T/ckpt/a.pt"
+	env "$@" SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" "$B/test_io" "$scenario" "$T/ckpt" "$T/other"
+}
+run enospc SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000
+run eio SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
+run hang SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=100 SLURM_CHAOS_IO_HOLD_S=1
+run stdio SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
+run after SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_S=1
+run passive SLURM_CHAOS_IO_AFTER_BYTES=0
+# A symlinked checkpoint path is recognised by where it leads.
+rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"
+env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" LD_PRELOAD="$LIB" "$B/test_io" eio "$T/ckpt" "$T/other"
+if command -v "${PYTHON:-python3}" >/dev/null 2>&1; then
+	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"
+	env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=4096 SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" \
+		"${PYTHON:-python3}" - "$T/ckpt" "$T/other" <<'PY'
+import errno, os, sys
+ckpt, other = sys.argv[1:]
+with open(os.path.join(other, "probe.h5"), "wb") as f:
+    f.write(b"x" * 100000)
+try:
+    with open(os.path.join(ckpt, "ckpt.pt"), "wb", buffering=0) as f:
+        f.write(b"x" * 4096)
+        f.write(b"x")
+    sys.exit("python: no ENOSPC")
+except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+assert os.path.getsize(os.path.join(ckpt, "ckpt.pt")) == 4096
+assert os.path.getsize(os.path.join(other, "probe.h5")) == 100000
+print("python: ok")
+PY
+fi
+echo "preload: all scenarios ok"

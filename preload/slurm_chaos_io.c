@@ -1,0 +1,728 @@
+/*
+ * libslurm_chaos_io.so: checkpoint storage faults for any program, through LD_PRELOAD.
+ *
+ * Only I/O on paths under the checkpoint directory is touched; everything else (the probe's HDF5
+ * output, Python's imports) goes straight to libc. Configuration, read once from the environment:
+ *
+ *   SLURM_CHAOS_IO_PATH or SLURM_CHAOS_CKPT_DIR   the checkpoint directory (the first one set wins)
+ *   SLURM_CHAOS_IO_FAULT        enospc | eio | hang (anything else: the shim stays passive)
+ *   SLURM_CHAOS_IO_AFTER_BYTES  the fault starts once this process wrote this many bytes there
+ *   SLURM_CHAOS_IO_AFTER_S      ... and once this many seconds passed since the process started
+ *   SLURM_CHAOS_IO_HOLD_S       hang: how long each call blocks, then proceeds (0: until killed)
+ *
+ * Once active: opening for writing (creat, O_CREAT/O_TRUNC/O_APPEND/O_WRONLY/O_RDWR), write,
+ * pwrite, writev, fsync, fdatasync, rename or mkdir into the directory fail with ENOSPC (enospc)
+ * or EIO (eio; reads and read-only opens fail too), or block (hang; reads too). The write that
+ * crosses the byte threshold is cut short, as on a volume that fills up. fopen()ed streams are
+ * covered through fopencookie(), since glibc's stdio does not call the public write(). Opening
+ * the directory itself (O_DIRECTORY, to list it or as an openat base) is left alone.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SC_EXPORT __attribute__((visibility("default")))
+#define MAX_TRACKED_FD 65536
+
+enum sc_fault { SC_NONE, SC_ENOSPC, SC_EIO, SC_HANG };
+
+static struct {
+	enum sc_fault fault;
+	char dir[PATH_MAX];
+	size_t dir_len;
+	char real_dir[PATH_MAX];
+	size_t real_len;
+	unsigned long long after_bytes;
+	double after_s;
+	double hold_s;
+	struct timespec t0;
+} cfg;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static _Atomic unsigned long long bytes_written;
+static atomic_int announced;
+static atomic_uchar tracked[MAX_TRACKED_FD];
+
+/* The next definition of each function we wrap (libc's). */
+#define REAL(name) real_##name
+#define DECLARE_REAL(ret, name, ...) static ret (*real_##name)(__VA_ARGS__)
+DECLARE_REAL(int, open, const char *, int, ...);
+DECLARE_REAL(int, open64, const char *, int, ...);
+DECLARE_REAL(int, openat, int, const char *, int, ...);
+DECLARE_REAL(int, openat64, int, const char *, int, ...);
+DECLARE_REAL(ssize_t, write, int, const void *, size_t);
+DECLARE_REAL(ssize_t, pwrite, int, const void *, size_t, off_t);
+DECLARE_REAL(ssize_t, pwrite64, int, const void *, size_t, off64_t);
+DECLARE_REAL(ssize_t, writev, int, const struct iovec *, int);
+DECLARE_REAL(ssize_t, pwritev, int, const struct iovec *, int, off_t);
+DECLARE_REAL(ssize_t, read, int, void *, size_t);
+DECLARE_REAL(ssize_t, pread, int, void *, size_t, off_t);
+DECLARE_REAL(ssize_t, pread64, int, void *, size_t, off64_t);
+DECLARE_REAL(ssize_t, readv, int, const struct iovec *, int);
+DECLARE_REAL(int, fsync, int);
+DECLARE_REAL(int, fdatasync, int);
+DECLARE_REAL(int, close, int);
+DECLARE_REAL(int, dup, int);
+DECLARE_REAL(int, dup2, int, int);
+DECLARE_REAL(int, dup3, int, int, int);
+DECLARE_REAL(int, rename, const char *, const char *);
+DECLARE_REAL(int, renameat, int, const char *, int, const char *);
+DECLARE_REAL(int, renameat2, int, const char *, int, const char *, unsigned int);
+DECLARE_REAL(int, mkdir, const char *, mode_t);
+DECLARE_REAL(int, mkdirat, int, const char *, mode_t);
+DECLARE_REAL(FILE *, fopen, const char *, const char *);
+DECLARE_REAL(FILE *, fopen64, const char *, const char *);
+DECLARE_REAL(off64_t, lseek64, int, off64_t, int);
+
+#define RESOLVE(name) (real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name))
+
+static void resolve_all(void)
+{
+	RESOLVE(open); RESOLVE(open64); RESOLVE(openat); RESOLVE(openat64);
+	RESOLVE(write); RESOLVE(pwrite); RESOLVE(pwrite64); RESOLVE(writev); RESOLVE(pwritev);
+	RESOLVE(read); RESOLVE(pread); RESOLVE(pread64); RESOLVE(readv);
+	RESOLVE(fsync); RESOLVE(fdatasync); RESOLVE(close); RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3);
+	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(mkdir); RESOLVE(mkdirat);
+	RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
+}
+
+/* Lexically normalise an absolute path in place: no //, /./ or /../ left, no trailing '/'. */
+static void normalise(char *p)
+{
+	char *out = p, *in = p;
+	while (*in) {
+		while (*in == '/')
+			in++;
+		char *seg = in;
+		while (*in && *in != '/')
+			in++;
+		size_t len = (size_t)(in - seg);
+		if (len == 0 || (len == 1 && seg[0] == '.'))
+			continue;
+		if (len == 2 && seg[0] == '.' && seg[1] == '.') {
+			while (out > p && *--out != '/')
+				;
+			continue;
+		}
+		*out++ = '/';
+		memmove(out, seg, len);
+		out += len;
+	}
+	if (out == p)
+		*out++ = '/';
+	*out = '\0';
+}
+
+static void sc_init(void)
+{
+	resolve_all();
+	clock_gettime(CLOCK_MONOTONIC, &cfg.t0);
+	const char *fault = getenv("SLURM_CHAOS_IO_FAULT");
+	const char *dir = getenv("SLURM_CHAOS_IO_PATH");
+	if (!dir || !*dir)
+		dir = getenv("SLURM_CHAOS_CKPT_DIR");
+	if (!fault || !dir || !*dir)
+		return;
+	if (!strcmp(fault, "enospc"))
+		cfg.fault = SC_ENOSPC;
+	else if (!strcmp(fault, "eio"))
+		cfg.fault = SC_EIO;
+	else if (!strcmp(fault, "hang"))
+		cfg.fault = SC_HANG;
+	else
+		return;
+	char buf[2 * PATH_MAX];
+	if (dir[0] == '/') {
+		snprintf(buf, sizeof(buf), "%s", dir);
+	} else {
+		char cwd[PATH_MAX];
+		if (!getcwd(cwd, sizeof(cwd))) {
+			cfg.fault = SC_NONE;
+			return;
+		}
+		snprintf(buf, sizeof(buf), "%s/%s", cwd, dir);
+	}
+	normalise(buf);
+	size_t len = strlen(buf);
+	if (len >= sizeof(cfg.dir)) {
+		cfg.fault = SC_NONE; /* no real directory has such a path */
+		return;
+	}
+	memcpy(cfg.dir, buf, len + 1);
+	cfg.dir_len = len;
+	char real[PATH_MAX];
+	if (realpath(cfg.dir, real) && strcmp(real, cfg.dir)) {
+		snprintf(cfg.real_dir, sizeof(cfg.real_dir), "%s", real);
+		cfg.real_len = strlen(cfg.real_dir);
+	}
+	const char *v;
+	if ((v = getenv("SLURM_CHAOS_IO_AFTER_BYTES")))
+		cfg.after_bytes = strtoull(v, NULL, 10);
+	if ((v = getenv("SLURM_CHAOS_IO_AFTER_S")))
+		cfg.after_s = strtod(v, NULL);
+	if ((v = getenv("SLURM_CHAOS_IO_HOLD_S")))
+		cfg.hold_s = strtod(v, NULL);
+}
+
+static inline void ensure_init(void)
+{
+	pthread_once(&init_once, sc_init);
+}
+
+static double elapsed_s(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - cfg.t0.tv_sec) + (double)(now.tv_nsec - cfg.t0.tv_nsec) / 1e9;
+}
+
+static int has_prefix(const char *path, const char *dir, size_t len)
+{
+	if (!len)
+		return 0;
+	if (len == 1 && dir[0] == '/')
+		return path[0] == '/';
+	return !strncmp(path, dir, len) && (path[len] == '/' || path[len] == '\0');
+}
+
+/* Is `path` (relative to `dirfd`) the checkpoint directory or under it? */
+static int under_dir(int dirfd, const char *path)
+{
+	if (cfg.fault == SC_NONE || !path || !*path)
+		return 0;
+	char abs[2 * PATH_MAX + 2];
+	if (path[0] == '/') {
+		snprintf(abs, sizeof(abs), "%s", path);
+	} else {
+		char base[PATH_MAX];
+		if (dirfd == AT_FDCWD) {
+			if (!getcwd(base, sizeof(base)))
+				return 0;
+		} else {
+			char link[64];
+			snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
+			ssize_t n = readlink(link, base, sizeof(base) - 1);
+			if (n <= 0)
+				return 0;
+			base[n] = '\0';
+		}
+		snprintf(abs, sizeof(abs), "%s/%s", base, path);
+	}
+	normalise(abs);
+	if (has_prefix(abs, cfg.dir, cfg.dir_len) || has_prefix(abs, cfg.real_dir, cfg.real_len))
+		return 1;
+	/* A symlinked parent: compare the real directory the file would land in. */
+	char *slash = strrchr(abs, '/');
+	if (!slash || slash == abs)
+		return 0;
+	*slash = '\0';
+	char real[PATH_MAX];
+	if (!realpath(abs, real))
+		return 0;
+	return has_prefix(real, cfg.dir, cfg.dir_len) || has_prefix(real, cfg.real_dir, cfg.real_len);
+}
+
+/* Bytes still allowed before the fault starts (0: it is active now). */
+static unsigned long long bytes_left(void)
+{
+	if (cfg.fault == SC_NONE || (cfg.after_s > 0 && elapsed_s() < cfg.after_s))
+		return ULLONG_MAX;
+	unsigned long long done = atomic_load(&bytes_written);
+	return done >= cfg.after_bytes ? 0 : cfg.after_bytes - done;
+}
+
+static void announce(void)
+{
+	if (atomic_exchange(&announced, 1))
+		return;
+	static const char *names[] = {"none", "enospc", "eio", "hang"};
+	char msg[PATH_MAX + 160];
+	int n = snprintf(msg, sizeof(msg), "slurm-chaos: checkpoint I/O fault '%s' now active under %s (pid %d)\n",
+			 names[cfg.fault], cfg.dir, (int)getpid());
+	if (n > 0 && real_write)
+		(void)!real_write(2, msg, (size_t)(n < (int)sizeof(msg) ? n : (int)sizeof(msg) - 1));
+}
+
+static int active(void)
+{
+	if (bytes_left() != 0)
+		return 0;
+	announce();
+	return 1;
+}
+
+static void hang(void)
+{
+	double left = cfg.hold_s;
+	for (;;) {
+		double step = (cfg.hold_s <= 0 || left > 1.0) ? 1.0 : left;
+		struct timespec ts = {(time_t)step, (long)((step - (double)(time_t)step) * 1e9)};
+		while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+			;
+		if (cfg.hold_s > 0 && (left -= step) <= 0)
+			return;
+	}
+}
+
+/* The fault's effect on one call: an errno to fail with, or 0 to go ahead (after a hang). */
+static int inject(int is_read)
+{
+	switch (cfg.fault) {
+	case SC_ENOSPC:
+		return is_read ? 0 : ENOSPC;
+	case SC_EIO:
+		return EIO;
+	case SC_HANG:
+		hang();
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+static inline int is_tracked(int fd)
+{
+	return fd >= 0 && fd < MAX_TRACKED_FD && atomic_load(&tracked[fd]);
+}
+
+static inline void set_tracked(int fd, int on)
+{
+	if (fd >= 0 && fd < MAX_TRACKED_FD)
+		atomic_store(&tracked[fd], (unsigned char)on);
+}
+
+static int wants_write(int flags)
+{
+	return (flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND)) != 0;
+}
+
+/* Common part of every open: fail or hang first if active, then open and track. */
+#define OPEN_BODY(call, dirfd, path, flags)                                                  \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		mode_t mode = 0;                                                             \
+		if ((flags) & (O_CREAT | O_TMPFILE)) {                                        \
+			va_list ap;                                                          \
+			va_start(ap, flags);                                                 \
+			mode = (mode_t)va_arg(ap, int);                                      \
+			va_end(ap);                                                          \
+		}                                                                            \
+		int mine = !((flags) & O_DIRECTORY) && under_dir(dirfd, path);               \
+		if (mine && active()) {                                                      \
+			int e = inject(!wants_write(flags));                                 \
+			if (e) {                                                             \
+				errno = e;                                                   \
+				return -1;                                                   \
+			}                                                                    \
+		}                                                                            \
+		int fd = call;                                                               \
+		if (fd >= 0)                                                                 \
+			set_tracked(fd, mine);                                               \
+		return fd;                                                                   \
+	} while (0)
+
+SC_EXPORT int open(const char *path, int flags, ...)
+{
+	OPEN_BODY(REAL(open)(path, flags, mode), AT_FDCWD, path, flags);
+}
+
+SC_EXPORT int open64(const char *path, int flags, ...)
+{
+	OPEN_BODY(REAL(open64)(path, flags, mode), AT_FDCWD, path, flags);
+}
+
+SC_EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_BODY(REAL(openat)(dirfd, path, flags, mode), dirfd, path, flags);
+}
+
+SC_EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+	OPEN_BODY(REAL(openat64)(dirfd, path, flags, mode), dirfd, path, flags);
+}
+
+/* _FORTIFY_SOURCE builds call these when the flags are not a compile-time constant. */
+SC_EXPORT int __open_2(const char *path, int flags)
+{
+	return open(path, flags);
+}
+
+SC_EXPORT int __open64_2(const char *path, int flags)
+{
+	return open64(path, flags);
+}
+
+SC_EXPORT int __openat_2(int dirfd, const char *path, int flags)
+{
+	return openat(dirfd, path, flags);
+}
+
+SC_EXPORT int __openat64_2(int dirfd, const char *path, int flags)
+{
+	return openat64(dirfd, path, flags);
+}
+
+SC_EXPORT int creat(const char *path, mode_t mode)
+{
+	return open(path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+}
+
+SC_EXPORT int creat64(const char *path, mode_t mode)
+{
+	return open64(path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+}
+
+/* Writes: count the bytes, cut the one that crosses the threshold short, then fail or hang. */
+#define WRITE_BODY(fd, n, call_with_len)                                                     \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		if (!is_tracked(fd))                                                         \
+			return call_with_len(n);                                             \
+		unsigned long long left = bytes_left();                                      \
+		size_t len = (n);                                                            \
+		if (left == 0) {                                                             \
+			announce();                                                          \
+			int e = inject(0);                                                   \
+			if (e) {                                                             \
+				errno = e;                                                   \
+				return -1;                                                   \
+			}                                                                    \
+		} else if (left < len) {                                                     \
+			len = (size_t)left;                                                  \
+		}                                                                            \
+		ssize_t r = call_with_len(len);                                              \
+		if (r > 0)                                                                   \
+			atomic_fetch_add(&bytes_written, (unsigned long long)r);             \
+		return r;                                                                    \
+	} while (0)
+
+SC_EXPORT ssize_t write(int fd, const void *buf, size_t n)
+{
+#define CALL(len) REAL(write)(fd, buf, len)
+	WRITE_BODY(fd, n, CALL);
+#undef CALL
+}
+
+SC_EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+#define CALL(len) REAL(pwrite)(fd, buf, len, off)
+	WRITE_BODY(fd, n, CALL);
+#undef CALL
+}
+
+SC_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off)
+{
+#define CALL(len) REAL(pwrite64)(fd, buf, len, off)
+	WRITE_BODY(fd, n, CALL);
+#undef CALL
+}
+
+/* Vectored writes are not cut at the threshold: they fail or go through whole. */
+static int vector_fault(int fd)
+{
+	if (!is_tracked(fd) || !active())
+		return 0;
+	return inject(0);
+}
+
+SC_EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
+{
+	ensure_init();
+	int e = vector_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	ssize_t r = REAL(writev)(fd, iov, cnt);
+	if (r > 0 && is_tracked(fd))
+		atomic_fetch_add(&bytes_written, (unsigned long long)r);
+	return r;
+}
+
+SC_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
+{
+	ensure_init();
+	int e = vector_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	ssize_t r = REAL(pwritev)(fd, iov, cnt, off);
+	if (r > 0 && is_tracked(fd))
+		atomic_fetch_add(&bytes_written, (unsigned long long)r);
+	return r;
+}
+
+/* Reads fail (eio) or hang (hang) once active; ENOSPC leaves them alone. */
+static int read_fault(int fd)
+{
+	if (!is_tracked(fd) || cfg.fault == SC_ENOSPC || !active())
+		return 0;
+	return inject(1);
+}
+
+SC_EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+	ensure_init();
+	int e = read_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(read)(fd, buf, n);
+}
+
+SC_EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+	ensure_init();
+	int e = read_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(pread)(fd, buf, n, off);
+}
+
+SC_EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off)
+{
+	ensure_init();
+	int e = read_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(pread64)(fd, buf, n, off);
+}
+
+SC_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	ensure_init();
+	int e = read_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(readv)(fd, iov, cnt);
+}
+
+SC_EXPORT int fsync(int fd)
+{
+	ensure_init();
+	int e = vector_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(fsync)(fd);
+}
+
+SC_EXPORT int fdatasync(int fd)
+{
+	ensure_init();
+	int e = vector_fault(fd);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(fdatasync)(fd);
+}
+
+SC_EXPORT int close(int fd)
+{
+	ensure_init();
+	set_tracked(fd, 0);
+	return REAL(close)(fd);
+}
+
+SC_EXPORT int dup(int fd)
+{
+	ensure_init();
+	int nfd = REAL(dup)(fd);
+	if (nfd >= 0)
+		set_tracked(nfd, is_tracked(fd));
+	return nfd;
+}
+
+SC_EXPORT int dup2(int fd, int nfd)
+{
+	ensure_init();
+	int r = REAL(dup2)(fd, nfd);
+	if (r >= 0)
+		set_tracked(r, is_tracked(fd));
+	return r;
+}
+
+SC_EXPORT int dup3(int fd, int nfd, int flags)
+{
+	ensure_init();
+	int r = REAL(dup3)(fd, nfd, flags);
+	if (r >= 0)
+		set_tracked(r, is_tracked(fd));
+	return r;
+}
+
+/* Namespace changes into (or out of) the directory. */
+static int path_fault(int dirfd, const char *path)
+{
+	if (!under_dir(dirfd, path) || !active())
+		return 0;
+	return inject(0);
+}
+
+SC_EXPORT int rename(const char *oldpath, const char *newpath)
+{
+	ensure_init();
+	int e = path_fault(AT_FDCWD, newpath);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(rename)(oldpath, newpath);
+}
+
+SC_EXPORT int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
+{
+	ensure_init();
+	int e = path_fault(newdirfd, newpath);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(renameat)(olddirfd, oldpath, newdirfd, newpath);
+}
+
+SC_EXPORT int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
+{
+	ensure_init();
+	int e = path_fault(newdirfd, newpath);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(renameat2)(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+SC_EXPORT int mkdir(const char *path, mode_t mode)
+{
+	ensure_init();
+	int e = path_fault(AT_FDCWD, path);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(mkdir)(path, mode);
+}
+
+SC_EXPORT int mkdirat(int dirfd, const char *path, mode_t mode)
+{
+	ensure_init();
+	int e = path_fault(dirfd, path);
+	if (e) {
+		errno = e;
+		return -1;
+	}
+	return REAL(mkdirat)(dirfd, path, mode);
+}
+
+/* stdio on the directory: a cookie stream whose I/O goes through the wrappers above. */
+static ssize_t cookie_read(void *c, char *buf, size_t n)
+{
+	return read((int)(intptr_t)c, buf, n);
+}
+
+static ssize_t cookie_write(void *c, const char *buf, size_t n)
+{
+	/* Loop over short writes as glibc does for files, so that the error (and errno) surfaces. */
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write((int)(intptr_t)c, buf + done, n - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		done += (size_t)r;
+	}
+	return (ssize_t)done; /* short: stdio marks the stream in error, errno stays set */
+}
+
+static int cookie_seek(void *c, off64_t *off, int whence)
+{
+	off64_t r = REAL(lseek64)((int)(intptr_t)c, *off, whence);
+	if (r < 0)
+		return -1;
+	*off = r;
+	return 0;
+}
+
+static int cookie_close(void *c)
+{
+	return close((int)(intptr_t)c);
+}
+
+static int mode_flags(const char *mode)
+{
+	int flags;
+	switch (mode[0]) {
+	case 'r': flags = 0; break;
+	case 'w': flags = O_CREAT | O_TRUNC; break;
+	case 'a': flags = O_CREAT | O_APPEND; break;
+	default: return -1;
+	}
+	int plus = strchr(mode, '+') != NULL;
+	flags |= plus ? O_RDWR : (mode[0] == 'r' ? O_RDONLY : O_WRONLY);
+	if (strchr(mode, 'x'))
+		flags |= O_EXCL;
+	if (strchr(mode, 'e'))
+		flags |= O_CLOEXEC;
+	return flags;
+}
+
+static FILE *fopen_common(const char *path, const char *mode, FILE *(*real)(const char *, const char *))
+{
+	ensure_init();
+	if (!under_dir(AT_FDCWD, path))
+		return real(path, mode);
+	int flags = mode_flags(mode);
+	if (flags < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	int fd = open(path, flags, 0666);
+	if (fd < 0)
+		return NULL;
+	cookie_io_functions_t io = {cookie_read, cookie_write, cookie_seek, cookie_close};
+	char cmode[8];
+	snprintf(cmode, sizeof(cmode), "%c%s", mode[0], strchr(mode, '+') ? "+" : "");
+	FILE *f = fopencookie((void *)(intptr_t)fd, cmode, io);
+	if (!f) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+	}
+	return f;
+}
+
+SC_EXPORT FILE *fopen(const char *path, const char *mode)
+{
+	ensure_init();
+	return fopen_common(path, mode, REAL(fopen));
+}
+
+SC_EXPORT FILE *fopen64(const char *path, const char *mode)
+{
+	ensure_init();
+	return fopen_common(path, mode, REAL(fopen64));
+}

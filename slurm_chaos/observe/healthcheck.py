@@ -1,0 +1,383 @@
+"""`slurm-chaos-healthcheck`: the node health check Slurm's HealthCheckProgram runs, in LBNL NHC's manner.
+
+On a failed check it drains the node with a reason starting ``slurm-chaos-health:``; it resumes only
+nodes drained with that prefix, once every check passes again, and never touches a node someone
+else drained. Exit codes follow Nagios: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Which signals are
+checked, and the thresholds, come from a small TOML file (`install_healthcheck` writes one per
+site) and the command line. Each run also leaves its results in ``<state_dir>/<node>.json`` for
+the Prometheus exporter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slurm_chaos.errors import ChaosError, ConfigError
+from slurm_chaos.observe import checks
+from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, Result, Thresholds
+from slurm_chaos.observe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
+from slurm_chaos.runner import Runner, SubprocessRunner
+
+if TYPE_CHECKING:
+    from slurm_chaos.site import Site
+
+REASON_PREFIX = "slurm-chaos-health:"
+CONFIG_NAME = "slurm-chaos-health.toml"
+HOOK_NAME = "50-slurm-chaos"
+SCONTROL_TIMEOUT_S = 10
+REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything one run needs: what to check, where the inputs are, and the thresholds."""
+
+    signals: frozenset[str] = frozenset(SIGNALS)
+    node: str = ""
+    heartbeat_dir: Path | None = None
+    state_dir: Path | None = None
+    checkpoint_path: str | None = None
+    # -1: look for GPUs; 0: a CPU node (GPU checks are skipped); N: the node must show N GPUs.
+    gpus_per_node: int = -1
+    slurm_conf: str | None = None
+    drain: bool = True
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @property
+    def heartbeats(self) -> Path:
+        return heartbeat_dir(self.heartbeat_dir)
+
+    @property
+    def states(self) -> Path:
+        return self.state_dir or self.heartbeats.parent / "health"
+
+
+# ---------------------------------------------------------------- configuration
+
+_TOP_KEYS = {
+    "signals": list,
+    "heartbeat_dir": str,
+    "state_dir": str,
+    "checkpoint_path": str,
+    "gpus_per_node": int,
+    "slurm_conf": str,
+    "thresholds": dict,
+}
+_THRESHOLD_TYPES = {f.name: f.type for f in fields(Thresholds)}
+
+
+def parse_signals(values: Sequence[str], where: str, key: str) -> frozenset[str]:
+    unknown = sorted(set(values) - set(SIGNALS))
+    if unknown:
+        raise ConfigError(where, key, f"unknown signal(s) {', '.join(unknown)} (known: {', '.join(SIGNALS)})")
+    return frozenset(values)
+
+
+def _thresholds(data: Mapping[str, Any], where: str) -> Thresholds:
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _THRESHOLD_TYPES:
+            raise ConfigError(
+                where, f"thresholds.{key}", f"unknown key (allowed: {', '.join(_THRESHOLD_TYPES)})"
+            )
+        kind = _THRESHOLD_TYPES[key]
+        if key == "xid_ignore":
+            if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+                raise ConfigError(
+                    where, f"thresholds.{key}", f"expected a list of XID numbers, got {value!r}"
+                )
+            values[key] = frozenset(value)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(where, f"thresholds.{key}", f"expected true or false, got {value!r}")
+            values[key] = value
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(where, f"thresholds.{key}", f"expected a number, got {value!r}")
+        else:
+            values[key] = int(value) if kind == "int" else float(value)
+    return Thresholds(**values)
+
+
+def load_config(path: Path) -> Options:
+    """Options from a TOML config file; errors name the file and the key."""
+    where = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(where, "", f"cannot read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, "", f"malformed TOML: {exc}") from exc
+    for key, value in data.items():
+        if key not in _TOP_KEYS:
+            raise ConfigError(where, key, f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+        if not isinstance(value, _TOP_KEYS[key]) or isinstance(value, bool):
+            raise ConfigError(where, key, f"expected {_TOP_KEYS[key].__name__}, got {value!r}")
+    opts = Options(
+        signals=parse_signals(data.get("signals", list(SIGNALS)), where, "signals"),
+        heartbeat_dir=Path(data["heartbeat_dir"]) if "heartbeat_dir" in data else None,
+        state_dir=Path(data["state_dir"]) if "state_dir" in data else None,
+        checkpoint_path=data.get("checkpoint_path"),
+        gpus_per_node=data.get("gpus_per_node", -1),
+        slurm_conf=data.get("slurm_conf"),
+        thresholds=_thresholds(data.get("thresholds", {}), where),
+    )
+    return opts
+
+
+def render_config(opts: Options, comment: str = "") -> str:
+    """The TOML text `load_config` reads back as `opts` (node and drain are per run, not stored)."""
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines.append("signals = [" + ", ".join(json.dumps(s) for s in SIGNALS if s in opts.signals) + "]")
+    for key in ("heartbeat_dir", "state_dir", "checkpoint_path", "slurm_conf"):
+        value = getattr(opts, key)
+        if value is not None:
+            lines.append(f"{key} = {json.dumps(str(value))}")
+    lines += [f"gpus_per_node = {opts.gpus_per_node}", "", "[thresholds]"]
+    for key, value in asdict(opts.thresholds).items():
+        if isinstance(value, frozenset):
+            lines.append(f"{key} = [{', '.join(str(v) for v in sorted(value))}]")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        else:
+            lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slurm-chaos-healthcheck",
+        description="Node health check for Slurm's HealthCheckProgram: drains the node on failure "
+        f"(reason '{REASON_PREFIX} ...') and resumes nodes it drained once healthy.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file with signals, paths and thresholds")
+    p.add_argument("--signals", help=f"comma-separated subset of {','.join(SIGNALS)} (overrides the config)")
+    p.add_argument("--node", help="Slurm node name (default: $SLURMD_NODENAME, else the hostname)")
+    p.add_argument("--heartbeat-dir", type=Path, help="probe heartbeat directory")
+    p.add_argument("--state-dir", type=Path, help="where results are left for the exporter")
+    p.add_argument("--checkpoint-path", help="checkpoint directory to check for space and writability")
+    p.add_argument("--gpus", type=int, help="GPUs this node must show (0: CPU node, -1: detect)")
+    p.add_argument("--no-drain", action="store_true", help="only report; never drain or resume")
+    return p
+
+
+def options_from_args(argv: Sequence[str] | None = None) -> Options:
+    args = _parser().parse_args(argv)
+    opts = load_config(args.config) if args.config else Options()
+    if args.signals is not None:
+        names = [s.strip() for s in args.signals.split(",") if s.strip()]
+        opts = replace(opts, signals=parse_signals(names, "command line", "--signals"))
+    overrides: dict[str, Any] = {
+        "heartbeat_dir": args.heartbeat_dir,
+        "state_dir": args.state_dir,
+        "checkpoint_path": args.checkpoint_path,
+        "gpus_per_node": args.gpus,
+    }
+    opts = replace(opts, **{k: v for k, v in overrides.items() if v is not None})
+    return replace(opts, node=args.node or this_node(), drain=not args.no_drain)
+
+
+# ---------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where the node's facts are read from (fake trees in tests)."""
+
+    proc: Path = Path("/proc")
+    sys: Path = Path("/sys")
+    kmsg: Path = Path("/dev/kmsg")
+
+
+def run_checks(opts: Options, inputs: Inputs = Inputs(), now: float | None = None) -> list[Result]:
+    """Every enabled check, in a fixed order (GPU first: those are the causes behind slow steps)."""
+    now = time.time() if now is None else now
+    th = opts.thresholds
+    beats = read_heartbeats(opts.heartbeats) if opts.signals & {"numa", "checkpoint", "straggler"} else []
+    results = []
+    gpu_checks = opts.signals & {"gpu_xid", "gpu_ecc", "gpu_throttle"}
+    # The NUMA check needs each GPU's NUMA node too.
+    facts = checks.read_gpus(opts.gpus_per_node, inputs.sys) if gpu_checks or "numa" in opts.signals else None
+    if facts is not None and gpu_checks:
+        if "gpu_xid" in opts.signals and facts.expected != 0:
+            facts = replace(facts, xids=tuple(checks.parse_kmsg(checks.read_kmsg(inputs.kmsg))))
+            results.append(checks.check_gpu_xid(facts, th, time.monotonic()))
+        elif "gpu_xid" in opts.signals:
+            results.append(checks.check_gpu_xid(facts, th, time.monotonic()))
+        if "gpu_ecc" in opts.signals:
+            results.append(checks.check_gpu_ecc(facts))
+        if "gpu_throttle" in opts.signals:
+            results.append(checks.check_gpu_throttle(facts, th))
+    if "numa" in opts.signals:
+        gpu_numa = {g.index: g.numa_node for g in facts.gpus} if facts is not None else {}
+        tasks = checks.scan_tasks(opts.node, inputs.proc)
+        layout = checks.numa_layout(inputs.sys)
+        results.append(checks.check_numa(opts.node, tasks, layout, gpu_numa, beats, th, now))
+    if "checkpoint" in opts.signals:
+        results.append(checks.check_checkpoint(opts.node, opts.checkpoint_path, beats, th, now))
+    if "straggler" in opts.signals:
+        results.append(checks.check_straggler(opts.node, beats, th, now))
+    return results
+
+
+# ---------------------------------------------------------------- remediation
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the check did to the node in Slurm, and whether it could ask Slurm at all."""
+
+    did: str
+    reachable: bool = True
+
+
+def _reason(result: Result) -> str:
+    text = f"{REASON_PREFIX} {result.check}: {result.message}"
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
+
+
+def _ours(reason: str) -> bool:
+    return reason.startswith(REASON_PREFIX)
+
+
+def remediate(runner: Runner, opts: Options, results: Sequence[Result]) -> Action:
+    """Drain on a CRITICAL result, resume a node we drained once nothing is CRITICAL (NHC's rules)."""
+    from slurm_chaos.slurm.parse import parse_scontrol_nodes
+
+    env = {"SLURM_CONF": opts.slurm_conf} if opts.slurm_conf else None
+    show = runner(["scontrol", "-o", "show", "node", opts.node], timeout=SCONTROL_TIMEOUT_S, env=env)
+    info = parse_scontrol_nodes(show.stdout).get(opts.node) if show.ok else None
+    if info is None:
+        return Action(f"cannot read node {opts.node} from Slurm: {show.stderr.strip() or 'not found'}", False)
+    failed = [r for r in results if r.status == CRITICAL]
+    if failed:
+        reason = _reason(failed[0])
+        if info.drain and not _ours(info.reason):
+            return Action(f"left alone: already drained by someone else ({info.reason})")
+        if info.drain and info.reason.split(":")[:2] == reason.split(":")[:2]:
+            return Action("already drained by this check")
+        argv = ["scontrol", "update", f"NodeName={opts.node}", "State=DRAIN", f"Reason={reason}"]
+        done = runner(argv, timeout=SCONTROL_TIMEOUT_S, env=env)
+        return Action(f"drained: {reason}" if done.ok else f"drain failed: {done.stderr.strip()}", done.ok)
+    if info.drain and _ours(info.reason):
+        argv = ["scontrol", "update", f"NodeName={opts.node}", "State=RESUME"]
+        done = runner(argv, timeout=SCONTROL_TIMEOUT_S, env=env)
+        return Action("resumed" if done.ok else f"resume failed: {done.stderr.strip()}", done.ok)
+    return Action("none")
+
+
+def exit_code(results: Sequence[Result], action: Action | None) -> int:
+    worst = max((r.status for r in results if r.status != UNKNOWN), default=OK)
+    if worst == CRITICAL:
+        return CRITICAL
+    if any(r.status == UNKNOWN for r in results) or (action is not None and not action.reachable):
+        return UNKNOWN
+    return worst
+
+
+def write_state(opts: Options, results: Sequence[Result], action: Action | None, now: float) -> None:
+    """Leave this run's results for the exporter; a state directory we cannot write is not fatal."""
+    state = {
+        "node": opts.node,
+        "time": now,
+        "results": [asdict(r) for r in results],
+        "action": action.did if action else "report only",
+    }
+    try:
+        write_atomic(opts.states / f"{opts.node}.json", json.dumps(state))
+    except OSError as exc:
+        print(f"slurm-chaos-healthcheck: cannot write state to {opts.states}: {exc}", file=sys.stderr)
+
+
+def report(node: str, results: Sequence[Result], action: Action | None, code: int) -> str:
+    """NHC-like text: a summary line, then one line per check."""
+    worst = next((r for r in results if r.status == code), None)
+    head = f"slurm-chaos-health {checks.STATUS_WORDS[code]} on {node}"
+    if worst is not None and code != OK:
+        head += f" - {worst.check}: {worst.message}"
+    lines = [head] + [f"  {r.word:8} {r.check}: {r.message}" for r in results]
+    if action is not None:
+        lines.append(f"  action: {action.did}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs: Inputs = Inputs()) -> int:
+    try:
+        opts = options_from_args(argv)
+    except ChaosError as exc:
+        print(f"slurm-chaos-healthcheck: {exc}", file=sys.stderr)
+        return UNKNOWN
+    now = time.time()
+    results = run_checks(opts, inputs, now)
+    action = remediate(runner or SubprocessRunner(), opts, results) if opts.drain else None
+    code = exit_code(results, action)
+    write_state(opts, results, action, now)
+    print(report(opts.node, results, action, code))
+    return code
+
+
+# ---------------------------------------------------------------- installation
+
+
+def site_options(site: Site, heartbeats: Path | None = None, states: Path | None = None) -> Options:
+    """The options a site's config file holds: its enabled signals, checkpoint path and GPU count."""
+    if heartbeats is None and site.sandbox:
+        from slurm_chaos.observe.monitoring import sandbox_heartbeat_dir
+
+        heartbeats = sandbox_heartbeat_dir(site.sandbox)
+    return Options(
+        signals=parse_signals(
+            site.monitoring.healthcheck_signals, str(site.path), "monitoring.healthcheck_signals"
+        ),
+        heartbeat_dir=heartbeats,
+        state_dir=states,
+        checkpoint_path=site.checkpoint.path,
+        gpus_per_node=site.nodes.gpus_per_node,
+        slurm_conf=site.slurm.conf,
+    )
+
+
+def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = None) -> Path:
+    """Write `hooks_dir/healthcheck.d/50-slurm-chaos` (and its config) with the site's enabled signals.
+
+    The hook runs this module with the interpreter and source tree installing it, so it works from
+    a checkout as well as from an installed package. Returns the hook's path.
+    """
+    import slurm_chaos
+
+    opts = site_options(site, heartbeats)
+    config = hooks_dir / CONFIG_NAME
+    comment = (
+        f'slurm-chaos health check for site "{site.cluster}" ({site.path}),\n'
+        "written by slurm-chaos (install_healthcheck); edits are overwritten."
+    )
+    write_atomic(config, render_config(opts, comment))
+    hook = hooks_dir / "healthcheck.d" / HOOK_NAME
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    src = Path(slurm_chaos.__file__).resolve().parent.parent
+    env = f"export SLURM_CONF={shlex.quote(site.slurm.conf)}\n" if site.slurm.conf else ""
+    hook_text = (
+        "#!/bin/sh\n"
+        f"# slurm-chaos health check (signals: {', '.join(sorted(opts.signals)) or 'none'}); "
+        "written by slurm-chaos, edits are overwritten.\n"
+        f"{env}"
+        f'export PYTHONPATH={shlex.quote(str(src))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        f"exec {shlex.quote(sys.executable)} -m slurm_chaos.observe.healthcheck"
+        f' --config {shlex.quote(str(config))} "$@"\n'
+    )
+    write_atomic(hook, hook_text)
+    os.chmod(hook, 0o755)  # noqa: S103 - slurmd runs it; nothing secret in it
+    return hook
+
+
+if __name__ == "__main__":
+    sys.exit(main())
