@@ -9,7 +9,9 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 def _split_top(expr: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1

@@ -69,12 +69,20 @@ static struct spank_option chaos_options[] = {
 
 /* --- SPEC intake ------------------------------------------------------------------------- */
 
+/* Set when the node could not parse a SPEC srun/sbatch accepted (catalogue version skew). */
+static int remote_parse_failed;
+static char remote_parse_err[ERR_MAX];
+
 static int accept_spec(const char *text, int remote)
 {
 	if (chaos_parse_spec(text, &spec, err, sizeof(err))) {
 		/* In srun/sbatch slurm_error reaches the user's terminal: that is the refusal. */
 		slurm_error(PFX "%s", err);
 		have_spec = 0;
+		if (remote) {
+			remote_parse_failed = 1;
+			snprintf(remote_parse_err, sizeof(remote_parse_err), "%s", err);
+		}
 		return -1;
 	}
 	if (chaos_format_spec(&spec, spec_text, sizeof(spec_text)) < 0) {
@@ -287,17 +295,21 @@ static void describe_nccl(const struct chaos_request *r, char *buf, size_t len)
 	size_t used = 0;
 
 	buf[0] = '\0';
-	for (int i = 0; i < n && used < len; i++)
-		used += (size_t)snprintf(buf + used, len - used, "%s%s=%s", i ? " " : "", ch[i].name,
-					 ch[i].value);
+	for (int i = 0; i < n; i++) {
+		int w = snprintf(buf + used, len - used, "%s%s=%s", i ? " " : "", ch[i].name, ch[i].value);
+
+		if (w < 0 || (size_t)w >= len - used)
+			return;         /* truncated text in a log line is harmless */
+		used += (size_t)w;
+	}
 }
 
 /* --- remote (slurmstepd) ---------------------------------------------------------------------- */
 
 static int refuse(const struct step_ids *ids, const char *why)
 {
-	if (snprintf(refusal, sizeof(refusal), "job %u.%s: refused --chaos=%s: %s", ids->job, ids->step,
-		     spec_text, why) >= (int)sizeof(refusal))
+	if (snprintf(refusal, sizeof(refusal), "job %u.%s: refused --chaos%s%s: %s", ids->job, ids->step,
+		     have_spec ? "=" : "", have_spec ? spec_text : "", why) >= (int)sizeof(refusal))
 		refusal[sizeof(refusal) - 2] = '+';     /* truncated: say so, keep the start */
 	slurm_error(PFX "%s", refusal);
 	refused = 1;
@@ -352,6 +364,11 @@ static int remote_post_opt(spank_t sp)
 	char buf[CHAOS_SPEC_MAX + 1];
 
 	get_ids(sp, &ids);
+	if (remote_parse_failed) {
+		/* Never ignore a request silently: a SPEC this node cannot read refuses the step. */
+		refuse(&ids, remote_parse_err);
+		return 0;
+	}
 	if (!have_spec && remote_env(sp, ENV_SPEC, buf, sizeof(buf)) && accept_spec(buf, 1)) {
 		refuse(&ids, err);
 		return 0;
@@ -389,7 +406,11 @@ static int describe_to_tasks(spank_t sp, const struct step_ids *ids)
 	for (size_t i = 0; i < spec.n; i++) {
 		const struct chaos_request *r = &spec.req[i];
 
-		used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s", i ? "," : "", r->def->name);
+		int n = snprintf(names + used, sizeof(names) - used, "%s%s", i ? "," : "", r->def->name);
+
+		if (n < 0 || (size_t)n >= sizeof(names) - used)
+			return -1;      /* cannot happen with CHAOS_MAX_FAULTS names; never overrun */
+		used += (size_t)n;
 		for (size_t k = 0; k < r->def->nkeys; k++) {
 			if (!r->values[k].set)
 				continue;
@@ -444,6 +465,11 @@ static int apply_numa_mismatch(spank_t sp, const struct chaos_request *r)
 
 	get_ids(sp, &ids);
 	spank_get_item(sp, S_TASK_GLOBAL_ID, &task);
+	if (!mode || !cpus || !mem) {
+		slurm_error(PFX "job %u.%s task %u: numa-mismatch: catalogue lacks mode/cpus/mem",
+			    ids.job, ids.step, task);
+		return -1;
+	}
 	CPU_ZERO(&cur);
 	sched_getaffinity(0, sizeof(cur), &cur);
 	for (long c = 0; c < CPU_SETSIZE && c < CHAOS_MAX_CPUS; c++)

@@ -22,7 +22,7 @@ from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.errors import UsageError
 from slurm_chaos.probe.reader import read_run
 
-COMPARE_FORMATS = ("text", "json")
+COMPARE_FORMATS = ("text", "table", "json")
 REPORT_FORMATS = tuple(RENDERERS)
 
 

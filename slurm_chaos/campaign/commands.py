@@ -67,7 +67,7 @@ def describe_plan(site: Site, experiments: list[Experiment]) -> str:
 
 
 def _scheduler(site: Site) -> Scheduler:
-    return make_scheduler(site.slurm_env(), SubprocessRunner(), timeout=10)
+    return make_scheduler(site.slurm_env(), SubprocessRunner())
 
 
 def _control(site: Site, scheduler: Scheduler) -> controller.NodeControl:

@@ -253,13 +253,20 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
     t_submitted = time.monotonic()
     watcher = Watcher(camp.scheduler, record.job_id, camp.site.monitoring.alertmanager)
     crashed = False
+    interrupted = False
     try:
         info = _wait(camp, record, f"{exp.name}", watcher, timed, exp)
         crashed = info.state != JobState.COMPLETED
+    except KeyboardInterrupt:
+        interrupted = True
+        camp.scheduler.cancel([record.job_id])
+        raise
     finally:
         undone = controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
-        if undone:
-            log.info("%s: rolled back %s", exp.name, ", ".join(undone))
+        for item in undone:
+            if interrupted:
+                print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
+            log.info("%s: rolled back %s", exp.name, item)
     extra: list[Observation] = []
     if "reschedule_same_switch" in exp.expect.remediation:
         lost = {a.node for a in camp.journal.actions(exp.name, "lose")}

@@ -421,8 +421,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def ensure_system_path() -> None:
+    """slurmd gives prolog and epilog a bare PATH; tc, mount and nsenter live in sbin."""
+    parts = [p for p in os.environ.get("PATH", "").split(":") if p]
+    os.environ["PATH"] = ":".join(parts + [p for p in SYSTEM_PATH if p not in parts])
+
+
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:
     args = _parser().parse_args(argv)
+    ensure_system_path()
     setup_logging(args.log_file)
     run = runner or SubprocessRunner()
     try:

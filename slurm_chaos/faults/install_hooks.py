@@ -21,7 +21,7 @@ DEFAULT_LOG = Path("/var/log/slurm-chaos/agent.log")
 DEFAULT_TIMEOUT_S = 45
 
 _GUARD = {
-    "prolog": 'if [ -z "${SPANK_SLURM_CHAOS_SPEC:-}${SLURM_CHAOS_SPEC:-}" ] && '
+    "prolog": 'if [ -z "${{SPANK_SLURM_CHAOS_SPEC:-}}${{SLURM_CHAOS_SPEC:-}}" ] && '
     '[ ! -e {spec_dir}/"${{SLURM_JOB_ID:-none}}" ]; then exit 0; fi',
     "epilog": '[ -e {journal_root}/"${{SLURMD_NODENAME:-none}}/${{SLURM_JOB_ID:-none}}.jsonl" ] || exit 0',
 }

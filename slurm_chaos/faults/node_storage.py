@@ -134,6 +134,8 @@ def _rmdir_if_empty(data: Mapping[str, Json], ctx: UndoContext) -> str:
     """Remove a directory slurm-chaos created, unless the job wrote something into it."""
     path = str(data["path"])
     res = ctx.runner(["rmdir", path], timeout=10)
-    if res.ok:
+    if res.ok or "No such file" in res.stderr:
         return f"rmdir {path}"
+    if "busy" in res.stderr:  # another node's tmpfs still sits on it: retried by cleanup
+        raise UndoFailed(f"rmdir {path}: {res.stderr.strip()[:120]}")
     return f"kept {path}: {res.stderr.strip()[:120]}"

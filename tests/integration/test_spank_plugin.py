@@ -7,6 +7,7 @@ start, so no daemon restart is needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -34,6 +35,9 @@ class PluginSandbox:
     journal_dir: Path
     shared_dir: Path
     nodes: tuple[str, ...]
+    plugstack: Path
+    plugin_path: Path
+    args: PluginArgs
 
     def run(self, argv: Sequence[str], env: dict[str, str] | None = None) -> Completed:
         return SubprocessRunner()(argv, timeout=TIMEOUT, env={**self.env, **(env or {})})
@@ -54,7 +58,15 @@ def plugin(sandbox) -> Iterator[PluginSandbox]:  # type: ignore[no-untyped-def]
     )
     update_plugstack(plugstack, plugstack_line(so, args))
     try:
-        yield PluginSandbox(dict(sandbox.env), journal_dir, Path(sandbox.shared_dir), tuple(sandbox.nodes))
+        yield PluginSandbox(
+            dict(sandbox.env),
+            journal_dir,
+            Path(sandbox.shared_dir),
+            tuple(sandbox.nodes),
+            plugstack,
+            so,
+            args,
+        )
     finally:
         if before is None:
             plugstack.unlink(missing_ok=True)
@@ -286,3 +298,32 @@ def test_prolog_hooks_receive_the_canonical_spec(plugin: PluginSandbox, sandbox)
         assert Path(f"{dump}.{job}").read_text().strip() == "netem:delay=0.005s"
     finally:
         probe.unlink()
+
+
+def test_unwritable_journal_refuses_instead_of_injecting(plugin: PluginSandbox) -> None:
+    blocker = plugin.shared_dir / f"not-a-dir-{uuid.uuid4().hex[:6]}"
+    blocker.write_text("a file where the journal directory should be\n")
+    broken = dataclasses.replace(plugin.args, journal_dir=str(blocker / "journal"))
+    update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, broken))
+    try:
+        result = plugin.run(
+            ["srun", "-N1", "--exclusive", "--chaos=nccl-degrade:ib=off", "printenv", "NCCL_IB_DISABLE"]
+        )
+        assert result.returncode != 0
+        assert "cannot write the journal" in result.stderr
+        assert "1" not in result.stdout.split()
+        plain = plugin.run(["srun", "-N1", "--exclusive", "true"])
+        assert plain.ok, plain.stderr  # jobs without --chaos are not affected
+    finally:
+        update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, plugin.args))
+        blocker.unlink()
+
+
+def test_node_rechecks_a_spec_that_bypassed_srun(plugin: PluginSandbox) -> None:
+    """The option can reach slurmstepd without srun's check (its internal env variable, or a
+    submit host with another catalogue): the node parses it again and refuses what it cannot read."""
+    bypass = {"_SLURM_SPANK_OPTION_slurm_chaos_chaos": "bogus"}
+    result = plugin.run(["srun", "-N1", "--exclusive", "echo", "SHOULD-NOT-RUN"], env=bypass)
+    assert result.returncode != 0
+    assert "SHOULD-NOT-RUN" not in result.stdout
+    assert "refused --chaos: bad chaos SPEC 'bogus': unknown fault 'bogus'" in result.stderr

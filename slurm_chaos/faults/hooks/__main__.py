@@ -113,6 +113,7 @@ def main(
     p.add_argument("--deadline", type=float, default=agent.DEFAULT_DEADLINE_S)
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
+    agent.ensure_system_path()
     environ = env if env is not None else dict(os.environ)
     try:
         (prolog if args.kind == "prolog" else epilog)(args, environ, runner or SubprocessRunner())

@@ -1,0 +1,182 @@
+"""The agent (apply, watchdog, undo), cleanup of stale journals, and the installed hooks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.faults import agent
+from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, squeue_probe, stale_reason
+from slurm_chaos.faults.hooks.__main__ import job_spec
+from slurm_chaos.faults.hooks.__main__ import main as hook_main
+from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
+from slurm_chaos.faults.journal import Header, Journal, Undo
+from slurm_chaos.runner import Completed, FakeRunner
+
+DEFAULT = "qdisc noqueue 0: root refcnt 2 \n"
+
+
+class TcSim:
+    def __init__(self) -> None:
+        self.root = DEFAULT
+        self.runner = FakeRunner(self.respond)
+
+    def respond(self, argv: tuple[str, ...]) -> Completed:
+        if argv[:3] == ("tc", "qdisc", "show"):
+            return Completed(argv, 0, self.root, "")
+        if argv[:3] == ("tc", "qdisc", "add"):
+            self.root = f"qdisc netem {argv[7]} root refcnt 2\n"
+        elif argv[:3] == ("tc", "qdisc", "del"):
+            self.root = DEFAULT
+        elif argv[0] == "squeue":
+            return Completed(argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+        return Completed(argv, 0, "", "")
+
+
+def test_time_left_parsing() -> None:
+    assert agent.parse_time_left("1-02:03:04") == 93784.0
+    assert agent.parse_time_left("05:00") == 300.0
+    assert agent.parse_time_left("2:00:00") == 7200.0
+    assert agent.parse_time_left("UNLIMITED") is None
+
+
+def test_only_node_level_faults_are_the_agents() -> None:
+    mine, others = agent.node_requests("netem:delay=5ms+nccl-degrade:ib=off+node-drain")
+    assert [r.name for r in mine] == ["netem"] and others == ["nccl-degrade", "node-drain"]
+
+
+def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path: Path) -> None:
+    sim = TcSim()
+    res = agent.apply("12", "node1", "netem:delay=30ms", 0.3, tmp_path, sim.runner, foreground=True)
+    assert res.applied == ("netem",)
+    # run_loop returned at the deadline and undid the journal
+    assert sim.root == DEFAULT
+    state = Journal(tmp_path, "node1", "12").read()
+    assert state.closed and not state.pending()
+    # A requeued job (same id) starts a fresh journal and applies again.
+    again = agent.apply("12", "node1", "netem:delay=30ms", 0.2, tmp_path, sim.runner, foreground=True)
+    assert again.applied == ("netem",)
+    assert len(list((tmp_path / "node1").glob("12.*.done"))) == 1
+
+
+def test_apply_twice_while_open_does_nothing(tmp_path: Path) -> None:
+    j = Journal(tmp_path, "node1", "13")
+    j.record("netem", "x", Undo(argv=("true",)), time.time() + 60)
+    sim = TcSim()
+    res = agent.apply("13", "node1", "netem:delay=30ms", 60, tmp_path, sim.runner)
+    assert res.applied == () and "already applied" in res.note and sim.runner.calls == []
+
+
+def test_a_failing_fault_leaves_the_others(tmp_path: Path) -> None:
+    sim = TcSim()
+    sim.root = "qdisc htb 1: root refcnt 2\n"
+    res = agent.apply("14", "node1", "netem:delay=1ms", 0.1, tmp_path, sim.runner, foreground=True)
+    assert res.failed == ("netem",) and res.applied == ()
+
+
+def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
+    sim = TcSim()
+    res = agent.apply("15", "node1", "netem:delay=30ms", 60, tmp_path, sim.runner, log_file=tmp_path / "a.log")
+    assert res.agent_pid is not None
+    assert Path(f"/proc/{res.agent_pid}").exists()
+    lines = agent.undo("15", "node1", tmp_path, sim.runner)
+    assert any("agent pid" in line for line in lines)
+    time.sleep(0.2)
+    stat = Path(f"/proc/{res.agent_pid}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert agent.undo("15", "node1", tmp_path, sim.runner) == []
+
+
+def test_stale_reasons() -> None:
+    j = Journal(Path("/nonexistent"), "n", "1")
+    from slurm_chaos.faults.journal import Entry, State
+
+    e = Entry(1, 0.0, "1", "n", "netem", "a", Undo(argv=("true",)), 1, deadline=100.0)
+    open_state = State(None, (e,), frozenset(), False)
+    assert stale_reason(open_state, True, now=50.0) is None
+    assert stale_reason(open_state, None, now=50.0) is None
+    assert stale_reason(open_state, False, now=50.0) == "job no longer running"
+    assert stale_reason(open_state, True, now=150.0) == "deadline passed"
+    assert stale_reason(State(None, (e,), frozenset({1}), False), False, now=150.0) is None
+    assert j.job_id == "1"
+
+
+def test_cleanup_reverts_only_stale_journals(tmp_path: Path) -> None:
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    Journal(tmp_path, "node1", "1").record("a", "ended job", Undo(argv=("undo", "1")), time.time() + 3600)
+    Journal(tmp_path, "node1", "2").record("a", "running job", Undo(argv=("undo", "2")), time.time() + 3600)
+    Journal(tmp_path, "node2", "3").record("a", "expired", Undo(argv=("undo", "3")), time.time() - 1)
+    out = cleanup(tmp_path, None, runner, job_running=lambda job: job == "2" or job == "3")
+    assert sorted(runner.calls) == [("undo", "1"), ("undo", "3")]
+    assert any("job no longer running" in line for line in out)
+    assert any("deadline passed" in line for line in out)
+    assert cleanup(tmp_path, None, runner, job_running=lambda job: False) != []  # job 2 ended now
+    assert cleanup(tmp_path, None, runner, job_running=lambda job: False) == []
+
+
+def test_squeue_probe() -> None:
+    def respond(argv: tuple[str, ...]) -> Completed:
+        job = argv[3]
+        if job == "1":
+            return Completed(argv, 0, "RUNNING\n", "")
+        if job == "2":
+            return Completed(argv, 0, "COMPLETED\n", "")
+        if job == "3":
+            return Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+        return Completed(argv, 1, "", "Unable to contact slurm controller")
+
+    probe = squeue_probe(FakeRunner(respond))
+    assert [probe(j) for j in "1234"] == [True, False, False, None]
+
+
+def test_node_runner_enters_namespaces_only_when_needed() -> None:
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    me = os.getpid()
+    here = Header("1", "n", 0.0, 0.0, me, os.stat("/proc/self/ns/net").st_ino, os.stat("/proc/self/ns/mnt").st_ino)
+    assert node_runner(here, runner) is runner
+    elsewhere = Header("1", "n", 0.0, 0.0, 1, here.netns, 1)  # same net, another mount namespace
+    wrapped = node_runner(elsewhere, runner)
+    assert isinstance(wrapped, NsRunner) and not wrapped.mount
+    wrapped(["tc", "qdisc", "show"])
+    assert runner.calls[-1][:4] == ("nsenter", "-t", str(wrapped.pid), "-n")
+    gone = Header("1", "n", 0.0, 0.0, 1, 1, 1)
+    assert node_runner(gone, runner) is runner
+
+
+def test_job_spec_sources(tmp_path: Path) -> None:
+    (tmp_path / "42").write_text("netem:delay=5ms\n")
+    assert job_spec({"SPANK_SLURM_CHAOS_SPEC": "slow-rank"}, tmp_path) == "slow-rank"
+    assert job_spec({"SLURM_JOB_ID": "42"}, tmp_path) == "netem:delay=5ms"
+    assert job_spec({"SLURM_JOB_ID": "43"}, tmp_path) == ""
+    assert job_spec({"SLURM_JOB_ID": "../42"}, tmp_path) == ""
+
+
+def test_hook_never_fails_on_a_bad_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "node1", "SPANK_SLURM_CHAOS_SPEC": "netem:delay=oops"}
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    rc = hook_main(["prolog", "--journal-root", str(tmp_path)], env=env, runner=runner)
+    assert rc == 0 and "bad chaos SPEC" in capsys.readouterr().err
+
+
+def test_installed_hooks_exit_0_and_log_their_failure(tmp_path: Path) -> None:
+    log_file = tmp_path / "agent.log"
+    paths = install_hooks(tmp_path / "etc", "/nonexistent/python", journal_root=tmp_path / "j", log_file=log_file,
+                          spec_dir=tmp_path / "spec")
+    assert [p.relative_to(tmp_path / "etc").as_posix() for p in paths] == [
+        f"prolog.d/{HOOK_NAME}", f"epilog.d/{HOOK_NAME}"]
+    assert all(os.access(p, os.X_OK) for p in paths)
+    prolog = paths[0]
+    base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node1"}
+    # No SPEC: returns at once, runs no Python, logs nothing.
+    quiet = subprocess.run([prolog], env=base, capture_output=True, text=True, timeout=10)
+    assert quiet.returncode == 0 and quiet.stderr == "" and not log_file.exists()
+    # A SPEC but a broken interpreter: still exit 0, the failure is logged.
+    env = {**base, "SPANK_SLURM_CHAOS_SPEC": "netem:delay=1ms"}
+    broken = subprocess.run([prolog], env=env, capture_output=True, text=True, timeout=10)
+    assert broken.returncode == 0 and "slurm-chaos: prolog hook exited" in broken.stderr
+    assert "slurm-chaos: prolog hook exited" in log_file.read_text()
+    assert uninstall_hooks(tmp_path / "etc") == paths
