@@ -49,7 +49,9 @@ def _sandbox_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
     else:
-        print(f"sandbox {status['name']}  root {status['root']}  bridge {status['bridge']} {status['subnet']}")
+        print(
+            f"sandbox {status['name']}  root {status['root']}  bridge {status['bridge']} {status['subnet']}"
+        )
         daemons = status["daemons"]
         assert isinstance(daemons, dict)
         for label, pid in daemons.items():
@@ -82,11 +84,15 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         q.set_defaults(handler=handler)
         return q
 
-    up = named("up", "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle", _sandbox_up)
+    up = named(
+        "up", "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle", _sandbox_up
+    )
     up.add_argument("--nodes", type=int, default=4, help="number of compute nodes (default: 4)")
     up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
     down = named("down", "stop what the sandbox started and delete its namespaces and bridge", _sandbox_down)
-    down.add_argument("--keep-state", action="store_true", help="keep Slurm state and the accounting database")
+    down.add_argument(
+        "--keep-state", action="store_true", help="keep Slurm state and the accounting database"
+    )
     st = named("status", "daemons and node states", _sandbox_status)
     st.add_argument("--json", action="store_true", help="machine-readable output")
     named("env", "print the environment for Slurm commands (export SLURM_CONF=...)", _sandbox_env)
@@ -116,7 +122,7 @@ def _experiments(args: argparse.Namespace) -> int:
 def _run_status(args: argparse.Namespace) -> int:
     from slurm_chaos.status import run_status
 
-    text, code = run_status(Path(args.run_dir))
+    text, code = run_status(Path(args.run_dir), live=not args.offline)
     print(text)
     return code
 
@@ -229,8 +235,12 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         p.add_argument("--out", help="run directory (default: runs/<run id>)")
         p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
         p.add_argument("--dry-run", action="store_true", help="render and print the plan; submit nothing")
-        p.add_argument("--time-budget", type=float, metavar="MIN", help="stop starting experiments after MIN minutes")
-        p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+        p.add_argument(
+            "--time-budget", type=float, metavar="MIN", help="stop starting experiments after MIN minutes"
+        )
+        p.add_argument(
+            "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
+        )
         p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
     p = sub.add_parser("run", help="run one experiment: baseline, fault job, watch, roll back, report")
@@ -238,14 +248,20 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     common(p)
     p.set_defaults(handler=_run)
 
-    p = sub.add_parser("campaign", help="run a suite of experiments (e.g. the maintenance suite) with one report")
+    p = sub.add_parser(
+        "campaign", help="run a suite of experiments (e.g. the maintenance suite) with one report"
+    )
     p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
     common(p)
     p.set_defaults(handler=_campaign)
 
-    p = sub.add_parser("rank-nodes", help="rank nodes by the probe's measured speed; propose Slurm weights/features")
+    p = sub.add_parser(
+        "rank-nodes", help="rank nodes by the probe's measured speed; propose Slurm weights/features"
+    )
     p.add_argument("run_dirs", nargs="+", metavar="DIR", help="probe output or run directories")
-    p.add_argument("--threshold", type=float, default=0.85, help="speed below which a node is slow (default 0.85)")
+    p.add_argument(
+        "--threshold", type=float, default=0.85, help="speed below which a node is slow (default 0.85)"
+    )
     p.add_argument("--site", help="site config YAML (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
     p.set_defaults(handler=_rank_nodes)
@@ -255,7 +271,9 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
     ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install}")
-    q = ps.add_parser("install", help="build the plugin, write its plugstack.conf line, install the node hooks")
+    q = ps.add_parser(
+        "install", help="build the plugin, write its plugstack.conf line, install the node hooks"
+    )
     q.add_argument("--site", required=True, help="site config YAML")
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
     q.set_defaults(handler=_plugin_install)
@@ -279,15 +297,20 @@ def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--experiment", required=True, help="experiment name or YAML file")
     p.add_argument("--out", required=True, help="directory for the scripts")
     p.add_argument("--run-id", help="run id written into the scripts (default: dry-run)")
-    p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+    p.add_argument(
+        "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
+    )
     p.set_defaults(handler=_render)
 
     p = sub.add_parser("experiments", help="list the experiment library")
-    p.add_argument("--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory")
+    p.add_argument(
+        "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
+    )
     p.set_defaults(handler=_experiments)
 
     p = sub.add_parser("status", help="what a run directory holds and the state of its jobs")
     p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--offline", action="store_true", help="do not ask Slurm for the jobs' current states")
     p.set_defaults(handler=_run_status)
 
 

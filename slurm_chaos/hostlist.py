@@ -78,7 +78,7 @@ def compress_hostlist(hosts: list[str]) -> str:
             out.append(f"{prefix}{nums[0]:0{width}d}")
             continue
         spans, start = [], nums[0]
-        for a, b in zip(nums, nums[1:] + [None]):
+        for a, b in zip(nums, [*nums[1:], None], strict=True):
             if b is None or b != a + 1:
                 spans.append(f"{start:0{width}d}" if start == a else f"{start:0{width}d}-{a:0{width}d}")
                 if b is not None:

@@ -34,7 +34,7 @@ class NodeRank:
 
 
 def probe_dirs(paths: Iterable[Path]) -> list[Path]:
-    """Probe output directories: each path itself if it holds rank-0.h5, else every such directory below it."""
+    """Probe output directories: each path itself if it holds rank-0.h5, else every such one below it."""
     found: list[Path] = []
     for p in paths:
         if (p / "rank-0.h5").is_file():
@@ -45,7 +45,7 @@ def probe_dirs(paths: Iterable[Path]) -> list[Path]:
 
 
 def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> list[NodeRank]:
-    """Slowest first. Each node's score is the worst score of its ranks, per run, then the median over runs."""
+    """Slowest first: each node's score is its worst rank's score per run, then the median over runs."""
     per_node: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     for d in run_dirs:
@@ -70,7 +70,9 @@ def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> l
 def format_ranking(ranking: list[NodeRank]) -> str:
     lines = [f"{'NODE':<16} {'SPEED':>6} {'RANKS':>5}  {'PROPOSAL'}"]
     for r in ranking:
-        proposal = f"Weight={r.weight}, remove feature '{FAST_FEATURE}'" if r.slow else f"feature '{FAST_FEATURE}'"
+        proposal = (
+            f"Weight={r.weight}, remove feature '{FAST_FEATURE}'" if r.slow else f"feature '{FAST_FEATURE}'"
+        )
         lines.append(f"{r.node:<16} {r.score:>6.2f} {r.ranks:>5}  {proposal}")
     return "\n".join(lines)
 

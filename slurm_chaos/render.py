@@ -58,7 +58,9 @@ def check_limits(site: Site, experiment: Experiment) -> None:
             f"{site.path}: safety.max_nodes is {site.safety.max_nodes}"
         )
     if site.slurm.partition not in site.safety.allowed_partitions:
-        raise UsageError(f"{site.path}: slurm.partition {site.slurm.partition!r} is not in safety.allowed_partitions")
+        raise UsageError(
+            f"{site.path}: slurm.partition {site.slurm.partition!r} is not in safety.allowed_partitions"
+        )
     if experiment.nodes > len(site.partition_nodes):
         raise UsageError(
             f"experiment {experiment.name} asks for {experiment.nodes} nodes; partition "
@@ -78,7 +80,9 @@ def fault_spec(site: Site, experiment: Experiment, role: str, run_id: str) -> st
     try:
         return string.Template(experiment.fault.spec).substitute(checkpoint_dir=str(ckpt))
     except (KeyError, ValueError) as exc:
-        raise UsageError(f"{experiment.path}: fault.spec: unknown placeholder {exc} (known: checkpoint_dir)") from exc
+        raise UsageError(
+            f"{experiment.path}: fault.spec: unknown placeholder {exc} (known: checkpoint_dir)"
+        ) from exc
 
 
 def render_job(site: Site, experiment: Experiment, role: str, job_dir: Path, run_id: str) -> str:

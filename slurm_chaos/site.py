@@ -162,7 +162,9 @@ def _substitute(raw: str, path: Path, sandbox: str | None) -> str:
         layout = Layout.load(sandbox)
         if layout is None:
             raise ConfigError(
-                str(path), "sandbox", f"sandbox {sandbox!r} is not up (run 'slurm-chaos sandbox up --name {sandbox}')"
+                str(path),
+                "sandbox",
+                f"sandbox {sandbox!r} is not up (run 'slurm-chaos sandbox up --name {sandbox}')",
             )
         values = {
             "sandbox_root": str(layout.root),
@@ -176,7 +178,9 @@ def _substitute(raw: str, path: Path, sandbox: str | None) -> str:
     try:
         return string.Template(raw).substitute(values)
     except (KeyError, ValueError) as exc:
-        raise ConfigError(str(path), "", f"unknown placeholder {exc} (known: {', '.join(sorted(values))})") from exc
+        raise ConfigError(
+            str(path), "", f"unknown placeholder {exc} (known: {', '.join(sorted(values))})"
+        ) from exc
 
 
 def _sandbox_name(raw: str) -> str | None:
@@ -224,14 +228,19 @@ def _nodes(path: Path, key: str, expr: str) -> tuple[str, ...]:
 
 
 def _build(path: Path, d: dict[str, Any]) -> Site:
-    partitions = {name: _nodes(path, f"partitions.{name}.nodes", p["nodes"]) for name, p in d["partitions"].items()}
+    partitions = {
+        name: _nodes(path, f"partitions.{name}.nodes", p["nodes"]) for name, p in d["partitions"].items()
+    }
     slurm = SlurmOptions(**d["slurm"])
     if slurm.partition not in partitions:
         raise ConfigError(
-            str(path), "slurm.partition", f"unknown partition {slurm.partition!r} (known: {', '.join(partitions)})"
+            str(path),
+            "slurm.partition",
+            f"unknown partition {slurm.partition!r} (known: {', '.join(partitions)})",
         )
     racks = tuple(
-        Rack(name, r["switch"], _nodes(path, f"racks.{name}.nodes", r["nodes"])) for name, r in d["racks"].items()
+        Rack(name, r["switch"], _nodes(path, f"racks.{name}.nodes", r["nodes"]))
+        for name, r in d["racks"].items()
     )
     all_nodes = {n for members in partitions.values() for n in members}
     for rack in racks:
@@ -249,7 +258,11 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
     for i, part in enumerate(safety.allowed_partitions):
         if part not in partitions:
             raise ConfigError(str(path), f"safety.allowed_partitions.{i}", f"unknown partition {part!r}")
-    if slurm.reservation and safety.allowed_reservations and slurm.reservation not in safety.allowed_reservations:
+    if (
+        slurm.reservation
+        and safety.allowed_reservations
+        and slurm.reservation not in safety.allowed_reservations
+    ):
         raise ConfigError(
             str(path), "slurm.reservation", f"{slurm.reservation!r} is not in safety.allowed_reservations"
         )
@@ -259,12 +272,16 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
     nodes = NodeHardware(**hw)
     if nodes.gpus and len(nodes.gpus) != nodes.gpus_per_node:
         raise ConfigError(
-            str(path), "nodes.gpus", f"lists {len(nodes.gpus)} GPUs but nodes.gpus_per_node is {nodes.gpus_per_node}"
+            str(path),
+            "nodes.gpus",
+            f"lists {len(nodes.gpus)} GPUs but nodes.gpus_per_node is {nodes.gpus_per_node}",
         )
     for i, gpu in enumerate(nodes.gpus):
         if gpu.numa_node >= nodes.numa_nodes:
             raise ConfigError(
-                str(path), f"nodes.gpus.{i}.numa_node", f"{gpu.numa_node} but nodes.numa_nodes is {nodes.numa_nodes}"
+                str(path),
+                f"nodes.gpus.{i}.numa_node",
+                f"{gpu.numa_node} but nodes.numa_nodes is {nodes.numa_nodes}",
             )
     mon = d.get("monitoring", {})
     return Site(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
+from slurm_chaos.errors import ChaosError
+
 from slurm_chaos.rundir import Manifest, read_manifest
+
+log = logging.getLogger(__name__)
 
 
 def _when(t: float | None) -> str:
@@ -17,7 +22,8 @@ def format_status(manifest: Manifest, live: dict[str, str]) -> str:
         f"run {manifest.run_id} ({manifest.kind}) on {manifest.cluster}, site {manifest.site}",
         f"started {_when(manifest.started)}, finished {_when(manifest.finished)}"
         + (" (interrupted)" if manifest.interrupted else ""),
-        f"slurm-chaos {manifest.tool_version}, Slurm {manifest.slurm_version or '?'}, Python {manifest.python}",
+        f"slurm-chaos {manifest.tool_version}, Slurm {manifest.slurm_version or '?'}, "
+        f"Python {manifest.python}",
         f"experiments: {len(manifest.completed)}/{len(manifest.experiments)} complete",
         "",
         f"{'EXPERIMENT':<24} {'ROLE':<9} {'JOB':>8} {'STATE':<12} {'RESTARTS':>8}  NODES",
@@ -25,13 +31,32 @@ def format_status(manifest: Manifest, live: dict[str, str]) -> str:
     for j in manifest.jobs:
         state = live.get(j.job_id, j.state)
         lines.append(
-            f"{j.experiment:<24} {j.role:<9} {j.job_id:>8} {state:<12} {j.restarts:>8}  {','.join(j.nodes) or '-'}"
+            f"{j.experiment:<24} {j.role:<9} {j.job_id:>8} {state:<12} {j.restarts:>8}  "
+            f"{','.join(j.nodes) or '-'}"
         )
     return "\n".join(lines)
 
 
-def run_status(run_dir: Path, live: dict[str, str] | None = None) -> tuple[str, int]:
+def live_states(manifest: Manifest) -> dict[str, str]:
+    """Current state of the run's unfinished jobs, in one query; empty when Slurm cannot say."""
+    from slurm_chaos.runner import SubprocessRunner
+    from slurm_chaos.site import load_site
+    from slurm_chaos.slurm.backend import make_scheduler
+
+    open_jobs = [j.job_id for j in manifest.jobs if j.ended is None]
+    if not open_jobs:
+        return {}
+    try:
+        site = load_site(manifest.site)
+        scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
+        return {job_id: info.state.value for job_id, info in scheduler.poll(open_jobs).items()}
+    except ChaosError as exc:
+        log.warning("job states from the manifest only: %s", exc)
+        return {}
+
+
+def run_status(run_dir: Path, live: bool = True) -> tuple[str, int]:
     """Text for the terminal and an exit code (0 when the run finished uninterrupted)."""
     manifest = read_manifest(run_dir)
     done = manifest.finished is not None and not manifest.interrupted
-    return format_status(manifest, live or {}), 0 if done else 1
+    return format_status(manifest, live_states(manifest) if live else {}), 0 if done else 1

@@ -4,13 +4,13 @@
  * Dispatch on spank_context():
  *   local/allocator (srun, sbatch, salloc): validate the SPEC and the policy facts known at
  *     submission (who submits); refuse with a clear message before anything starts; pass the
- *     canonical SPEC to the prolog/epilog as SPANK_SLURM_CHAOS.
+ *     canonical SPEC to the prolog/epilog as SPANK_SLURM_CHAOS_SPEC.
  *   remote (slurmstepd): decide the policy with every fact (user, account, partition,
  *     reservation, exclusivity), journal the planned task-level changes (as root, before
  *     anything changes), then apply them: NCCL and SLURM_CHAOS_* environment in user_init,
  *     CPU affinity and memory policy for numa-mismatch in task_init.
  * Node-level and controller faults (netem, gpu-*, node-drain...) are applied by the prolog
- * hooks from SPANK_SLURM_CHAOS; this plugin only describes them to the tasks.
+ * hooks from SPANK_SLURM_CHAOS_SPEC; this plugin only describes them to the tasks.
  *
  * Parsing lives in parse.c (no spank.h), so it is unit-tested and fuzzed on its own.
  */
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -38,11 +39,15 @@ SPANK_PLUGIN(slurm_chaos, 1);
 
 #define PFX "slurm-chaos: "
 #define ENV_SPEC "SLURM_CHAOS"          /* env form of --chaos, read by srun/sbatch and stepd */
+#define JOBCTL_SPEC "SLURM_CHAOS_SPEC"  /* prolog/epilog get it as SPANK_SLURM_CHAOS_SPEC */
 #define ERR_MAX (3 * CHAOS_SPEC_MAX)
 #define MPOL_BIND_MODE 2                /* MPOL_BIND from <numaif.h>, without libnuma */
 #define BATCH_STEP 0xfffffffbU
 #define EXTERN_STEP 0xfffffffcU
 #define INTERACTIVE_STEP 0xfffffffaU
+#define JOURNAL_MAX_BYTES (16L << 20)
+/* Task-level entries need no undo; a far deadline keeps them from lowering the journal's. */
+#define JOURNAL_DEADLINE_S (7LL * 86400)
 
 static struct chaos_config cfg;
 static struct chaos_spec spec;
@@ -189,7 +194,7 @@ static void get_ids(spank_t sp, struct step_ids *ids)
 
 static int mkdir_p(const char *dir)
 {
-	char path[CHAOS_PATH_MAX];
+	char path[CHAOS_PATH_MAX + 300];
 
 	snprintf(path, sizeof(path), "%s", dir);
 	for (char *p = path + 1; *p; p++) {
@@ -203,45 +208,105 @@ static int mkdir_p(const char *dir)
 	return (mkdir(path, 0755) && errno != EEXIST) ? -1 : 0;
 }
 
-/*
- * One JSON line in journal_dir/<jobid>.jsonl, written before the change it describes.
- * Rollback (epilog, watchdog, `slurm-chaos cleanup`) reads these; task-level changes die
- * with the task, which the line says with "undo": "none".
- */
-static int journal(const struct step_ids *ids, const char *fault, const char *action,
-		   const char *detail)
+/* The node name slurmd knows this node by (SLURMD_NODENAME), else the short hostname. */
+static void node_name(spank_t sp, char *buf, size_t len)
 {
-	char path[CHAOS_PATH_MAX + 32], host[256] = "?", line[8192];
-	char jfault[256], jaction[256], jdetail[4096], jhost[600], jspec[2 * CHAOS_SPEC_MAX + 64];
-	struct timespec ts;
-	int fd, n;
-	ssize_t w;
+	char *dot;
 
-	gethostname(host, sizeof(host) - 1);
+	if (sp && spank_getenv(sp, "SLURMD_NODENAME", buf, (int)len) == ESPANK_SUCCESS && buf[0])
+		return;
+	if (gethostname(buf, len - 1))
+		snprintf(buf, len, "unknown");
+	buf[len - 1] = '\0';
+	if ((dot = strchr(buf, '.')))
+		*dot = '\0';
+}
+
+/* Highest "seq" of the journal's change records, or -1 if it was closed by an undo. */
+static long journal_scan(int fd)
+{
+	struct stat st;
+	char *text, *line, *next;
+	long seq = 0;
+	ssize_t got;
+
+	if (fstat(fd, &st) || st.st_size > JOURNAL_MAX_BYTES)
+		return -2;
+	text = calloc(1, (size_t)st.st_size + 1);
+	if (!text)
+		return -2;
+	got = pread(fd, text, (size_t)st.st_size, 0);
+	if (got < 0) {
+		free(text);
+		return -2;
+	}
+	text[got] = '\0';
+	for (line = text; line && *line; line = next) {
+		char *p;
+
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = '\0';
+		if (strstr(line, "\"kind\": \"closed\"")) {
+			seq = -1;
+			break;
+		}
+		if (strstr(line, "\"kind\": \"change\"") && (p = strstr(line, "\"seq\": ")))
+			seq = strtol(p + 7, NULL, 10) > seq ? strtol(p + 7, NULL, 10) : seq;
+	}
+	free(text);
+	return seq;
+}
+
+/*
+ * Record one change in journal_dir/<node>/<jobid>.jsonl before it is made, in the format of
+ * slurm_chaos/faults/journal.py (a "change" record, seq under an flock of the file, fsynced),
+ * so the epilog, the watchdog and `slurm-chaos cleanup` list it with the node-level changes.
+ * What this plugin changes dies with the task: the undo is the named action "none".
+ * Returns 0, -1 on I/O errors, -2 if the journal was closed (the job is being undone).
+ */
+static int journal(spank_t sp, const struct step_ids *ids, const char *fault, const char *action)
+{
+	char dir[CHAOS_PATH_MAX + 300], path[CHAOS_PATH_MAX + 340], node[256], line[8192];
+	char jfault[256], jaction[4096], jnode[600];
+	struct timespec ts;
+	long seq;
+	int fd, n, rc = -1;
+
+	node_name(sp, node, sizeof(node));
 	clock_gettime(CLOCK_REALTIME, &ts);
-	if (chaos_json_string(fault, jfault, sizeof(jfault)) ||
+	if (strchr(node, '/') || chaos_json_string(fault, jfault, sizeof(jfault)) ||
 	    chaos_json_string(action, jaction, sizeof(jaction)) ||
-	    chaos_json_string(detail, jdetail, sizeof(jdetail)) ||
-	    chaos_json_string(host, jhost, sizeof(jhost)) ||
-	    chaos_json_string(spec_text, jspec, sizeof(jspec)))
+	    chaos_json_string(node, jnode, sizeof(jnode)))
 		return -1;
-	n = snprintf(line, sizeof(line),
-		     "{\"v\": 1, \"time\": %lld.%06ld, \"source\": \"spank\", \"job\": %u, \"step\": \"%s\", "
-		     "\"node\": %s, \"pid\": %ld, \"fault\": %s, \"action\": %s, \"detail\": %s, "
-		     "\"undo\": \"none\", \"note\": \"dies with the task: nothing to undo\", \"spec\": %s}\n",
-		     (long long)ts.tv_sec, ts.tv_nsec / 1000, ids->job, ids->step, jhost, (long)getpid(),
-		     jfault, jaction, jdetail, jspec);
-	if (n < 0 || (size_t)n >= sizeof(line))
+	snprintf(dir, sizeof(dir), "%s/%s", cfg.journal_dir, node);
+	if (mkdir_p(dir))
 		return -1;
-	if (mkdir_p(cfg.journal_dir))
-		return -1;
-	snprintf(path, sizeof(path), "%s/%u.jsonl", cfg.journal_dir, ids->job);
-	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+	snprintf(path, sizeof(path), "%s/%u.jsonl", dir, ids->job);
+	fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0)
 		return -1;
-	w = write(fd, line, (size_t)n);     /* one write with O_APPEND: lines never interleave */
-	close(fd);
-	return w == n ? 0 : -1;
+	if (flock(fd, LOCK_EX) == 0) {
+		seq = journal_scan(fd);
+		if (seq == -1) {
+			rc = -2;
+		} else if (seq >= 0) {
+			/* Keys sorted as json.dumps(sort_keys=True) writes them. */
+			n = snprintf(line, sizeof(line),
+				     "{\"action\": %s, \"deadline\": %lld.%06ld, \"early\": false, \"fault\": %s, "
+				     "\"job_id\": \"%u\", \"kind\": \"change\", \"node\": %s, \"pid\": %ld, "
+				     "\"seq\": %ld, \"source\": \"spank\", \"step\": \"%s\", \"time\": %lld.%06ld, "
+				     "\"undo\": {\"action\": \"none\", \"data\": {\"note\": \"dies with the task: "
+				     "nothing to undo\"}}}\n",
+				     jaction, (long long)ts.tv_sec + JOURNAL_DEADLINE_S, ts.tv_nsec / 1000, jfault,
+				     ids->job, jnode, (long)getpid(), seq + 1, ids->step, (long long)ts.tv_sec,
+				     ts.tv_nsec / 1000);
+			if (n > 0 && (size_t)n < sizeof(line) && write(fd, line, (size_t)n) == n && !fsync(fd))
+				rc = 0;
+		}
+	}
+	close(fd);      /* drops the flock */
+	return rc;
 }
 
 /* --- what each task-level fault changes ----------------------------------------------------- */
@@ -332,9 +397,10 @@ static int remote_policy(spank_t sp, const struct step_ids *ids)
 	return 0;
 }
 
-static int remote_journal_plan(const struct step_ids *ids)
+static int remote_journal_plan(spank_t sp, const struct step_ids *ids)
 {
-	char detail[2048];
+	char detail[2048], action[2200];
+	int rc;
 
 	for (size_t i = 0; i < spec.n; i++) {
 		const struct chaos_request *r = &spec.req[i];
@@ -342,12 +408,14 @@ static int remote_journal_plan(const struct step_ids *ids)
 
 		if (!strcmp(r->def->name, "nccl-degrade")) {
 			describe_nccl(r, detail, sizeof(detail));
-			if (journal(ids, r->def->name, "task-env", detail))
-				return -1;
+			snprintf(action, sizeof(action), "task environment of step %s: %s", ids->step, detail);
+			if ((rc = journal(sp, ids, r->def->name, action)))
+				return rc;
 		} else if (!strcmp(r->def->name, "numa-mismatch")) {
-			if (journal(ids, r->def->name, "task-affinity",
-				    "sched_setaffinity/set_mempolicy of each task"))
-				return -1;
+			snprintf(action, sizeof(action), "CPU affinity and memory policy of the tasks of step %s",
+				 ids->step);
+			if ((rc = journal(sp, ids, r->def->name, action)))
+				return rc;
 		} else {
 			slurm_info(PFX "job %u.%s: %s acts on %s: left to the %s", ids->job, ids->step,
 				   r->def->name, where,
@@ -355,7 +423,9 @@ static int remote_journal_plan(const struct step_ids *ids)
 		}
 	}
 	/* SLURM_CHAOS_* describe the request to the tasks; also dies with the task. */
-	return journal(ids, "*", "task-env", "SLURM_CHAOS_SPEC, SLURM_CHAOS_FAULTS, SLURM_CHAOS_<FAULT>_<KEY>");
+	snprintf(action, sizeof(action), "task environment of step %s: SLURM_CHAOS_SPEC, SLURM_CHAOS_FAULTS, "
+		 "SLURM_CHAOS_<FAULT>_<KEY>", ids->step);
+	return journal(sp, ids, "spank", action);
 }
 
 static int remote_post_opt(spank_t sp)
@@ -378,7 +448,13 @@ static int remote_post_opt(spank_t sp)
 	if (remote_policy(sp, &ids))
 		return 0;
 	slurm_info(PFX "job %u.%s: accepted --chaos=%s", ids.job, ids.step, spec_text);
-	if (remote_journal_plan(&ids)) {
+	switch (remote_journal_plan(sp, &ids)) {
+	case 0:
+		break;
+	case -2:
+		refuse(&ids, "the job's journal is closed: its faults are being undone");
+		break;
+	default:
 		snprintf(err, sizeof(err), "cannot write the journal in %s (%s)", cfg.journal_dir,
 			 strerror(errno));
 		refuse(&ids, err);
@@ -527,8 +603,8 @@ static int local_post_opt(spank_t sp)
 		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);
 		return -1;
 	}
-	/* The prolog/epilog hooks read it as SPANK_SLURM_CHAOS. */
-	if (spank_job_control_setenv(sp, ENV_SPEC, spec_text, 1) != ESPANK_SUCCESS)
+	/* The prolog/epilog hooks (slurm_chaos.faults.hooks) read it as SPANK_SLURM_CHAOS_SPEC. */
+	if (spank_job_control_setenv(sp, JOBCTL_SPEC, spec_text, 1) != ESPANK_SUCCESS)
 		slurm_verbose(PFX "could not pass the SPEC to the prolog (job control env)");
 	slurm_verbose(PFX "accepted --chaos=%s", spec_text);
 	return 0;

@@ -48,8 +48,10 @@ def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
 
 def describe_plan(site: Site, experiments: list[Experiment]) -> str:
     """The dry-run plan: one baseline per job shape, then each experiment's fault job."""
-    lines = [f"site {site.cluster} ({site.path}), partition {site.slurm.partition}, "
-             f"reservation {site.slurm.reservation or '-'}"]
+    lines = [
+        f"site {site.cluster} ({site.path}), partition {site.slurm.partition}, "
+        f"reservation {site.slurm.reservation or '-'}"
+    ]
     shapes: dict[str, list[str]] = {}
     for exp in experiments:
         check_limits(site, exp)
@@ -59,9 +61,12 @@ def describe_plan(site: Site, experiments: list[Experiment]) -> str:
     lines.append("")
     lines.append(f"{'EXPERIMENT':<22} {'STRATEGY':<12} {'NODES':>5} {'FAULT':<40} EXPECT")
     for exp in experiments:
-        expect = ", ".join(exp.expect.detect + exp.expect.remediation) or ("regression" if exp.expect.regression else "-")
+        expect = ", ".join(exp.expect.detect + exp.expect.remediation) or (
+            "regression" if exp.expect.regression else "-"
+        )
         lines.append(
-            f"{exp.name:<22} {exp.strategy:<12} {exp.nodes:>5} {exp.fault.spec or '(none: A/A control)':<40} {expect}"
+            f"{exp.name:<22} {exp.strategy:<12} {exp.nodes:>5} "
+            f"{exp.fault.spec or '(none: A/A control)':<40} {expect}"
         )
     return "\n".join(lines)
 
@@ -77,7 +82,9 @@ def _control(site: Site, scheduler: Scheduler) -> controller.NodeControl:
     return controller.SlurmNodeControl(scheduler, runner, site.slurm_env())
 
 
-def start(opts: Options, experiments: list[Experiment] | None, suite: str | None, kind: str) -> Campaign | str:
+def start(
+    opts: Options, experiments: list[Experiment] | None, suite: str | None, kind: str
+) -> Campaign | str:
     """The campaign ready to run, or the plan's text for a dry run."""
     site = load_site(opts.site)
     if suite is not None:

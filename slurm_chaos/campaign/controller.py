@@ -171,7 +171,11 @@ def apply(
 
 
 def rollback(
-    journal: ControllerJournal, scheduler: Scheduler, control: NodeControl, runner: Runner, env: dict[str, str]
+    journal: ControllerJournal,
+    scheduler: Scheduler,
+    control: NodeControl,
+    runner: Runner,
+    env: dict[str, str],
 ) -> list[str]:
     """Undo every pending action (newest first); returns what was undone."""
     undone = []

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from slurm_chaos.analysis.model import Expectation, FaultWindow, Observation, ObservationLog, write_observations
+from slurm_chaos.analysis.model import (
+    Expectation,
+    FaultWindow,
+    Observation,
+    ObservationLog,
+    write_observations,
+)
 from slurm_chaos.campaign import controller, remediation
 from slurm_chaos.campaign.observe import Watcher
 from slurm_chaos.campaign.progress import Progress
@@ -35,7 +41,10 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 # Remediation steps the engine itself observes, by the signal it records for each.
-REMEDIATION_SIGNALS = {"reschedule_same_switch": "rescheduled_same_switch", "avoid_slow_node": "avoided_slow_node"}
+REMEDIATION_SIGNALS = {
+    "reschedule_same_switch": "rescheduled_same_switch",
+    "avoid_slow_node": "avoided_slow_node",
+}
 OBSERVATIONS = "observations.json"
 
 
@@ -54,7 +63,9 @@ class Shape:
 
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
-    return Shape(exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, exp.steps or site.probe.steps, exp.mode)
+    return Shape(
+        exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, exp.steps or site.probe.steps, exp.mode
+    )
 
 
 @dataclass
@@ -120,7 +131,9 @@ def open_campaign(
             slurm_version=scheduler.version(),
         )
     manifest.planned = [e.name for e in experiments]
-    camp = Campaign(site, experiments, run_dir.resolve(), scheduler, runner, control, manifest, progress, time_budget_s)
+    camp = Campaign(
+        site, experiments, run_dir.resolve(), scheduler, runner, control, manifest, progress, time_budget_s
+    )
     camp.save()
     return camp
 
@@ -136,7 +149,8 @@ def _submit(camp: Campaign, exp: Experiment, role: str, label: str, job_dir: Pat
     except SlurmError as exc:
         if "--chaos" in str(exc) or "unrecognized option" in str(exc):
             raise ChaosError(
-                f"{exc}\n  the slurm-chaos SPANK plugin is not loaded: run 'slurm-chaos plugin install --site "
+                f"{exc}\n  the slurm-chaos SPANK plugin is not loaded: "
+                f"run 'slurm-chaos plugin install --site "
                 f"{camp.site.path}'"
             ) from exc
         raise
@@ -157,8 +171,14 @@ def _update(record: JobRecord, info: JobInfo) -> None:
         record.ended = time.time()
 
 
-def _wait(camp: Campaign, record: JobRecord, title: str, watcher: Watcher | None = None,
-          on_running: list[tuple[float, FaultRequest]] | None = None, exp: Experiment | None = None) -> JobInfo:
+def _wait(
+    camp: Campaign,
+    record: JobRecord,
+    title: str,
+    watcher: Watcher | None = None,
+    on_running: list[tuple[float, FaultRequest]] | None = None,
+    exp: Experiment | None = None,
+) -> JobInfo:
     """Poll until the job ends; fire controller faults `after` seconds into the run."""
     pending = sorted(on_running or [], key=lambda x: x[0])
     limit = _limit_s(camp.site.slurm.time_limit) + 120
@@ -262,7 +282,9 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
         camp.scheduler.cancel([record.job_id])
         raise
     finally:
-        undone = controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
+        undone = controller.rollback(
+            camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
+        )
         for item in undone:
             if interrupted:
                 print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
@@ -276,7 +298,9 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
         try:
             extra += remediation.avoid_slow_node(camp, exp, exp_dir / "fault")
         finally:
-            controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
+            controller.rollback(
+                camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
+            )
     t_ran = time.monotonic()
     injected = camp.manifest.timings.get(f"{exp.name}.fault_injected_at")
     start = injected if (timed and injected) else (record.started or time.time())

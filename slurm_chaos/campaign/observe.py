@@ -64,7 +64,9 @@ class Watcher:
         self.nodes_seen.update(info.nodes)
         if info.restarts > self.restarts:
             self.restarts = info.restarts
-            self._add(f"requeue{info.restarts}", "job_requeued", f"job {self.job_id} requeued ({info.restarts})")
+            self._add(
+                f"requeue{info.restarts}", "job_requeued", f"job {self.job_id} requeued ({info.restarts})"
+            )
         if self.restarts and info.state == JobState.RUNNING and info.nodes:
             self._add(f"rescheduled{self.restarts}", "job_rescheduled", ",".join(info.nodes))
         if self.nodes_seen:

@@ -1,4 +1,7 @@
-"""Remediation checks the engine makes itself: where a requeued job went, and whether placement avoids a slow node."""
+"""Remediation checks the engine makes itself.
+
+Where a requeued job went, and whether placement avoids a slow node.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import TYPE_CHECKING
 from slurm_chaos.analysis.model import Observation
 from slurm_chaos.campaign import controller
 from slurm_chaos.errors import ChaosError
-from slurm_chaos.placement import current_setting, proposals, rank_nodes, read_weights, apply_settings
+from slurm_chaos.placement import apply_settings, current_setting, proposals, rank_nodes, read_weights
 from slurm_chaos.site import Site
 
 if TYPE_CHECKING:
@@ -53,12 +56,24 @@ def avoid_slow_node(camp: Campaign, exp: Experiment, fault_dir: Path) -> list[Ob
         old = current_setting(current[r.node], weights.get(r.node, 1))
         camp.journal.record(
             controller.Action(
-                time.time(), exp.name, "setting", r.node, data={"weight": old.weight, "features": list(old.features)}
+                time.time(),
+                exp.name,
+                "setting",
+                r.node,
+                data={"weight": old.weight, "features": list(old.features)},
             )
         )
     apply_settings(camp.runner, env, proposals(ranking, current))
-    argv = ["sbatch", "--parsable", f"--nodes={exp.nodes}", "--constraint=fast", "--exclusive",
-            f"--partition={camp.site.slurm.partition}", "--output=/dev/null", "--time=00:02:00"]
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--nodes={exp.nodes}",
+        "--constraint=fast",
+        "--exclusive",
+        f"--partition={camp.site.slurm.partition}",
+        "--output=/dev/null",
+        "--time=00:02:00",
+    ]
     if camp.site.slurm.reservation:
         argv.append(f"--reservation={camp.site.slurm.reservation}")
     if camp.site.slurm.account:
@@ -72,7 +87,9 @@ def avoid_slow_node(camp: Campaign, exp: Experiment, fault_dir: Path) -> list[Ob
         info = camp.scheduler.poll([job_id]).get(job_id)
         if info is not None and info.nodes and (info.state.is_terminal or info.state.value == "RUNNING"):
             if not set(info.nodes) & slow:
-                found.append(Observation("avoided_slow_node", time.time(), f"job {job_id} got {','.join(info.nodes)}"))
+                found.append(
+                    Observation("avoided_slow_node", time.time(), f"job {job_id} got {','.join(info.nodes)}")
+                )
             else:
                 log.warning("job %s asked for fast nodes and got %s", job_id, ",".join(info.nodes))
             break

@@ -34,6 +34,11 @@ class Spawner(Protocol):
     def __call__(self, argv: Sequence[str], env: Mapping[str, str], log_file: Path | None) -> int: ...
 
 
+def _without_job_env(environ: Mapping[str, str]) -> dict[str, str]:
+    # The helper is not one of the job's tasks: nothing may mistake it for one by its environment.
+    return {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "SPANK_"))}
+
+
 def popen_spawner(argv: Sequence[str], env: Mapping[str, str], log_file: Path | None) -> int:
     """The real Spawner: a new session (off the prolog's process group), output to the log file."""
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
@@ -43,7 +48,7 @@ def popen_spawner(argv: Sequence[str], env: Mapping[str, str], log_file: Path | 
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
-            env={**os.environ, **env},
+            env={**_without_job_env(os.environ), **env},
             start_new_session=True,
         )
     except FileNotFoundError as exc:

@@ -10,6 +10,7 @@ undo continues it (or moves it back) even if the agent died mid-cycle.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -132,8 +133,9 @@ class CpuCgroups:
                 return self.root / path.lstrip("/")
         return None
 
-    def set_quota(self, group: Path, share: float, period_us: int = 100_000) -> None:
-        quota = max(1000, int(period_us * share))
+    def set_quota(self, group: Path, share: float, cpus: int = 1, period_us: int = 100_000) -> None:
+        """Limit the group to `share` of `cpus` CPUs (an absolute cap: binding on a dedicated node)."""
+        quota = max(1000, int(period_us * share * cpus))
         if self.v2:
             (group / "cpu.max").write_text(f"{quota} {period_us}\n")
         else:
@@ -143,7 +145,12 @@ class CpuCgroups:
 
 @dataclass
 class CgroupQuota:
-    """Moves the chosen tasks into a cgroup of their own whose CPU quota is (100 - percent)% of a CPU."""
+    """Moves the chosen tasks into a cgroup of their own capped at (100 - percent)% of their CPUs.
+
+    The cap is absolute: on a dedicated node (the normal case for a training job) the rank loses
+    `percent` of its time; on an oversubscribed node it loses less, as its fair share was already
+    below the cap. The duty cycle is relative to whatever the rank gets, so it slows it either way.
+    """
 
     name: str
     ctx: JobContext
@@ -155,7 +162,7 @@ class CgroupQuota:
     group: Path | None = None
     next_scan: float = 0.0
 
-    def _ensure_group(self) -> Path:
+    def _ensure_group(self, first: ProcId) -> Path:
         if self.group is None:
             group = self.cgroups.root / f"slurm-chaos-{self.ctx.job_id}-{self.name}"
             self.ctx.journal.record(
@@ -165,7 +172,12 @@ class CgroupQuota:
                 self.ctx.deadline,
             )
             group.mkdir(exist_ok=True)
-            self.cgroups.set_quota(group, 1.0 - self.percent / 100.0)
+            # A rank may use several CPUs (threads): scale the cap by the CPUs it may run on.
+            try:
+                cpus = len(os.sched_getaffinity(first.pid))
+            except OSError:
+                cpus = 1
+            self.cgroups.set_quota(group, 1.0 - self.percent / 100.0, cpus)
             self.group = group
         return self.group
 
@@ -176,7 +188,7 @@ class CgroupQuota:
         for p in self.find(self.ctx.job_id, self.rank):
             if p.pid in self.moved:
                 continue
-            group = self._ensure_group()
+            group = self._ensure_group(p)
             origin = self.cgroups.current(p.pid)
             if origin is None or origin == group:
                 continue

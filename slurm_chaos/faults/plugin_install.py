@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError, ConfigError
+from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.runner import Runner
 from slurm_chaos.site import Safety, load_site
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
 PLUGIN_FILE = "slurm_chaos.so"
-DEFAULT_JOURNAL_DIR = "/var/lib/slurm-chaos/journal"  # the plugin's own default (parse.h)
+# The rollback journal's root: the prolog agent and the plugin write the same per-node files.
+DEFAULT_JOURNAL_DIR = str(DEFAULT_ROOT)  # also the plugin's own default (parse.h)
 
 # What the C argument parser accepts (parse.c parse_list): no separators, under 128 bytes.
 _NAME_RE = re.compile(r"[A-Za-z0-9_.@*+-]{1,127}")

@@ -144,16 +144,36 @@ def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:
     return ()
 
 
+def _namespaces(pid_dir: Path) -> tuple[str, str] | None:
+    try:
+        return os.readlink(pid_dir / "ns/net"), os.readlink(pid_dir / "ns/uts")
+    except OSError:
+        return None
+
+
+def _same_host(pid_dir: Path, mine: tuple[str, str] | None) -> bool:
+    """Whether a process shares this check's network or UTS namespace (unknown counts as yes).
+
+    In the sandbox every node (and every other sandbox's node of the same name) shares one /proc;
+    a node is its own network and UTS namespace, and the check runs inside them.
+    """
+    theirs = _namespaces(pid_dir)
+    return mine is None or theirs is None or theirs[0] == mine[0] or theirs[1] == mine[1]
+
+
 def scan_tasks(node: str, proc: Path = Path("/proc")) -> list[Task]:
     """Task processes of Slurm steps on `node`: those whose environment names a step and a rank.
 
-    Processes of other nodes are skipped by their SLURMD_NODENAME (in the sandbox every node shares
-    one /proc); of the processes of one task, the lowest PID (the task itself) is kept.
+    Processes of other nodes are skipped by their SLURMD_NODENAME and their namespaces; of the
+    processes of one task, the lowest PID (the task itself) is kept.
     """
     tasks: dict[tuple[str, str, int], Task] = {}
+    mine = _namespaces(proc / "self")
     for pid_dir in proc.glob("[0-9]*"):
         env = _environ(pid_dir)
         if env is None or "SLURM_STEP_ID" not in env or env.get("SLURMD_NODENAME", node) != node:
+            continue
+        if not _same_host(pid_dir, mine):
             continue
         procid, cpus = _int(env.get("SLURM_PROCID")), _cpus_allowed(pid_dir)
         if procid is None or cpus is None or env["SLURM_STEP_ID"] in ("batch", "extern", "interactive"):

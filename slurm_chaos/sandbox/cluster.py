@@ -26,7 +26,8 @@ from slurm_chaos.sandbox.packages import ensure_packages
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent / "templates"
-DB_PASSWORD = "slurm-chaos-sandbox"
+# Only reachable on 127.0.0.1 inside the sandbox; not a secret.
+DB_PASSWORD = "slurm-chaos-sandbox"  # noqa: S105
 HOOK_TIMEOUT_S = 60
 # sinfo shows nodes of an active reservation as "reserved" (or "maint"); they are up all the same.
 UP_STATES = ("idle", "reserved", "maint", "mixed", "allocated", "completing")
@@ -44,8 +45,10 @@ class Daemon:
 
 
 def _render(name: str, **ctx: object) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+    env = jinja2.Environment(  # noqa: S701 - renders config files, not HTML
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
     )
     return env.get_template(name).render(**ctx)
 
@@ -62,7 +65,9 @@ def slurm_version(runner: Runner) -> tuple[int, int]:
         major, minor = res.stdout.split()[1].split(".")[:2]
         return int(major), int(minor)
     except (IndexError, ValueError) as exc:
-        raise ChaosError(f"cannot tell the Slurm version from 'slurmctld -V': {res.stdout or res.stderr}") from exc
+        raise ChaosError(
+            f"cannot tell the Slurm version from 'slurmctld -V': {res.stdout or res.stderr}"
+        ) from exc
 
 
 class Sandbox:
@@ -116,7 +121,9 @@ class Sandbox:
     def layout(self) -> Layout:
         layout = Layout.load(self.name)
         if layout is None:
-            raise UsageError(f"no sandbox named {self.name!r} (run 'slurm-chaos sandbox up --name {self.name}')")
+            raise UsageError(
+                f"no sandbox named {self.name!r} (run 'slurm-chaos sandbox up --name {self.name}')"
+            )
         return layout
 
     # ---------------------------------------------------------------- daemons
@@ -147,7 +154,9 @@ class Sandbox:
     def up(self, nodes: int = 4, install: bool = True, health_interval: int = 0) -> Layout:
         """Start whatever of the sandbox is not running yet and wait until every node is idle."""
         if os.geteuid() != 0:
-            raise UsageError("'sandbox up' must run as root (it creates network namespaces and starts daemons)")
+            raise UsageError(
+                "'sandbox up' must run as root (it creates network namespaces and starts daemons)"
+            )
         if not 1 <= nodes <= MAX_NODES:
             raise UsageError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
         t0 = time.monotonic()
@@ -290,8 +299,12 @@ class Sandbox:
             "--innodb-log-file-size=16M",
             "--performance-schema=OFF",
         ]
-        subprocess.Popen(  # noqa: S603 - argv list
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while not self._mariadb(layout, "select 1"):
@@ -320,11 +333,15 @@ class Sandbox:
         env = self._slurm_env(layout)
         deadline = time.monotonic() + 30
         while True:
-            res = self.runner(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], timeout=10, env=env)
+            res = self.runner(
+                ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], timeout=10, env=env
+            )
             if res.ok:
                 break
             if time.monotonic() > deadline:
-                raise ChaosError(self._failure("slurmdbd", layout.log_dir / "slurmdbd.log", res.stderr.strip()))
+                raise ChaosError(
+                    self._failure("slurmdbd", layout.log_dir / "slurmdbd.log", res.stderr.strip())
+                )
             time.sleep(0.2)
         if layout.cluster_name not in res.stdout.split():
             add = self.runner(["sacctmgr", "-i", "add", "cluster", layout.cluster_name], timeout=30, env=env)
@@ -335,7 +352,9 @@ class Sandbox:
         d = self.daemons(layout)[2]
         if self._is_ours(layout, d):
             return
-        self._start_slurm_daemon(layout, d, ["slurmctld", "-f", str(layout.slurm_conf)], layout.log_dir / "slurmctld.log")
+        self._start_slurm_daemon(
+            layout, d, ["slurmctld", "-f", str(layout.slurm_conf)], layout.log_dir / "slurmctld.log"
+        )
         env = self._slurm_env(layout)
         deadline = time.monotonic() + 20
         while not self.runner(["scontrol", "ping"], timeout=10, env=env).stdout.count("UP"):
@@ -345,7 +364,9 @@ class Sandbox:
 
     def _ensure_slurmds(self, layout: Layout) -> None:
         hosts = layout.etc / "hosts"
-        for i, (node, d) in enumerate(zip(layout.node_names(), self.daemons(layout)[3:]), start=1):
+        for i, (node, d) in enumerate(
+            zip(layout.node_names(), self.daemons(layout)[3:], strict=True), start=1
+        ):
             if self._is_ours(layout, d):
                 continue
             # A node is a slurmd in our network namespace with its own hostname (UTS) and its own
@@ -386,7 +407,9 @@ class Sandbox:
             states = self.node_states(layout)
             idle = [n for n, s in states.items() if s.rstrip("*~#$@+%!^-") in UP_STATES]
             if tty:
-                print(f"\rwaiting for nodes: {len(idle)}/{layout.nodes} up", end="", file=sys.stderr, flush=True)
+                print(
+                    f"\rwaiting for nodes: {len(idle)}/{layout.nodes} up", end="", file=sys.stderr, flush=True
+                )
             if len(idle) == layout.nodes:
                 if tty:
                     print(file=sys.stderr)
@@ -394,7 +417,9 @@ class Sandbox:
             for node, state in states.items():
                 # A node left drained or down by an earlier session of this sandbox is ours to resume.
                 if node not in resumed and state.rstrip("*") in ("drained", "down", "drain", "draining"):
-                    self.runner(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=10, env=env)
+                    self.runner(
+                        ["scontrol", "update", f"nodename={node}", "state=resume"], timeout=10, env=env
+                    )
                     resumed.add(node)
             if time.monotonic() > deadline:
                 bad = sorted(set(layout.node_names()) - set(idle))
@@ -443,7 +468,7 @@ class Sandbox:
 
     # ---------------------------------------------------------------- down
     def down(self, purge: bool = True) -> list[str]:
-        """Stop what this sandbox started (by PID), delete its namespaces and bridge; returns what was stopped."""
+        """Stop what this sandbox started (by PID), delete its namespaces and bridge; return what stopped."""
         layout = Layout.load(self.name)
         if layout is None:
             return []

@@ -53,7 +53,9 @@ def environ(pid: int) -> dict[str, str]:
     return out
 
 
-def is_ours(pid: int | None, program: str, marker: tuple[str, str] | None = None, arg: str | None = None) -> bool:
+def is_ours(
+    pid: int | None, program: str, marker: tuple[str, str] | None = None, arg: str | None = None
+) -> bool:
     """True when `pid` runs `program` and carries our marker (an environment entry or an argument)."""
     if not alive(pid):
         return False

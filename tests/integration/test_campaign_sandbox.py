@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -51,9 +50,23 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     out = tmp_path / "camp"
     before = _node_snapshot(sandbox.env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slurm_chaos", "campaign", "--site", str(chaos_site), "--suite", str(suite),
-         "--out", str(out), "-q"],
-        env=sandbox.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "slurm_chaos",
+            "campaign",
+            "--site",
+            str(chaos_site),
+            "--suite",
+            str(suite),
+            "--out",
+            str(out),
+            "-q",
+        ],
+        env=sandbox.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     # Wait until the drain of the second experiment has been injected, then interrupt.
     journal = out / "controller-journal.jsonl"
@@ -63,7 +76,7 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
         time.sleep(0.5)
     assert journal.exists(), "the drain was never injected"
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "rolled back drain" in stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -75,8 +88,17 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     time.sleep(2)
     assert _node_snapshot(sandbox.env) == before
 
-    res = _cli("campaign", "--site", str(chaos_site), "--suite", str(suite), "--resume", str(out), "-q",
-               env=sandbox.env)
+    res = _cli(
+        "campaign",
+        "--site",
+        str(chaos_site),
+        "--suite",
+        str(suite),
+        "--resume",
+        str(out),
+        "-q",
+        env=sandbox.env,
+    )
     assert res.returncode in (0, 1), res.stderr
     report = json.loads((out / "report.json").read_text())
     assert [e["name"] for e in report["experiments"]] == ["control-aa", "node-drain-requeue"]

@@ -21,7 +21,9 @@ def _slurm(env: dict[str, str], *argv: str) -> str:
 
 
 def test_nodes_have_their_own_hostname_and_address(sandbox) -> None:  # type: ignore[no-untyped-def]
-    out = _slurm(sandbox.env, "srun", "-N4", "--ntasks-per-node=1", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
+    out = _slurm(
+        sandbox.env, "srun", "-N4", "--ntasks-per-node=1", "sh", "-c", 'echo "$(hostname) $(hostname -I)"'
+    )
     seen = dict(line.split() for line in out.strip().splitlines())
     assert sorted(seen) == ["node1", "node2", "node3", "node4"]
     assert len(set(seen.values())) == 4
@@ -45,7 +47,9 @@ def test_slots_for_hooks_and_plugins_are_configured(sandbox) -> None:  # type: i
 
 
 def test_sacct_sees_jobs_through_slurmdbd(sandbox) -> None:  # type: ignore[no-untyped-def]
-    jid = _slurm(sandbox.env, "sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wait", "--wrap", "true").strip()
+    jid = _slurm(
+        sandbox.env, "sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wait", "--wrap", "true"
+    ).strip()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         out = _slurm(sandbox.env, "sacct", "-n", "-X", "-P", "-j", jid, "-o", "JobID,State")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from slurm_chaos.faults import load_catalogue
+from slurm_chaos.faults.journal import Journal
 from slurm_chaos.faults.plugin_install import PluginArgs, build_plugin, plugstack_line, update_plugstack
 from slurm_chaos.runner import Completed, SubprocessRunner
 
@@ -86,8 +87,11 @@ def cpus_allowed(result: Completed) -> list[str]:
 
 
 def journal_lines(plugin: PluginSandbox, job_id: str) -> list[dict[str, object]]:
-    path = plugin.journal_dir / f"{job_id}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """Every record the job left in the journal, all nodes (``<root>/<node>/<job>.jsonl``)."""
+    lines = []
+    for path in sorted(plugin.journal_dir.glob(f"*/{job_id}.jsonl")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines
 
 
 def node_states(plugin: PluginSandbox) -> dict[str, str]:
@@ -119,13 +123,14 @@ def test_nccl_degrade_reaches_the_task_environment(plugin: PluginSandbox) -> Non
     assert env["SLURM_CHAOS_SPEC"] == "nccl-degrade:ib=off,channels=2"
     assert env["SLURM_CHAOS_FAULTS"] == "nccl-degrade"
     assert env["SLURM_CHAOS_NCCL_DEGRADE_IB"] == "off"
-    # Journalled before the change, saying that it dies with the task.
-    lines = journal_lines(plugin, env["JOB"])
-    assert any(
-        entry["fault"] == "nccl-degrade" and entry["detail"] == "NCCL_IB_DISABLE=1 NCCL_MAX_NCHANNELS=2"
-        for entry in lines
-    ), lines
-    assert all(entry["undo"] == "none" for entry in lines)
+    # Journalled before the change, in the rollback journal's own format, saying it dies with the task.
+    node = env["SLURMD_NODENAME"]
+    state = Journal(plugin.journal_dir, node, env["JOB"]).read()
+    actions = {(e.fault, e.action) for e in state.entries}
+    assert ("nccl-degrade", "task environment of step 0: NCCL_IB_DISABLE=1 NCCL_MAX_NCHANNELS=2") in actions
+    assert all(e.undo.action == "none" and e.node == node and e.job_id == env["JOB"] for e in state.entries)
+    assert [e.seq for e in state.entries] == list(range(1, len(state.entries) + 1))
+    assert len(journal_lines(plugin, env["JOB"])) == len(state.entries) == 2
 
 
 def test_env_form_of_the_option(plugin: PluginSandbox) -> None:
@@ -270,13 +275,13 @@ def test_unprivileged_user_refused_at_submission(plugin: PluginSandbox, unprivil
 
 
 def test_prolog_hooks_receive_the_canonical_spec(plugin: PluginSandbox, sandbox) -> None:  # type: ignore[no-untyped-def]
-    """The node-level faults are applied by prolog hooks: they read SPANK_SLURM_CHAOS."""
+    """The node-level faults are applied by prolog hooks: they read SPANK_SLURM_CHAOS_SPEC."""
     hooks = Path(sandbox.slurm_conf).parent / "prolog.d"
     if not hooks.is_dir():
         pytest.skip("this sandbox has no prolog.d")
     dump = plugin.shared_dir / f"prolog-env-{uuid.uuid4().hex[:8]}"
     probe = hooks / f"99-spank-test-{uuid.uuid4().hex[:6]}"
-    probe.write_text(f'#!/bin/sh\necho "$SPANK_SLURM_CHAOS" > {dump}.$SLURM_JOB_ID\n')
+    probe.write_text(f'#!/bin/sh\necho "$SPANK_SLURM_CHAOS_SPEC" > {dump}.$SLURM_JOB_ID\n')
     probe.chmod(0o755)
     try:
         result = plugin.run(

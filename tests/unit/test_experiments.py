@@ -37,8 +37,16 @@ def test_library_covers_every_strategy() -> None:
 def test_maintenance_suite_covers_the_acceptance_list() -> None:
     names = {e.name for e in load_suite("maintenance")}
     assert {
-        "numa-mismatch", "network-degradation", "checkpoint-enospc", "checkpoint-hang", "node-drain-requeue",
-        "slow-rank", "noisy-neighbour", "rack-loss", "known-slow-node", "control-aa",
+        "numa-mismatch",
+        "network-degradation",
+        "checkpoint-enospc",
+        "checkpoint-hang",
+        "node-drain-requeue",
+        "slow-rank",
+        "noisy-neighbour",
+        "rack-loss",
+        "known-slow-node",
+        "control-aa",
     } <= names
 
 
@@ -58,7 +66,9 @@ def test_unknown_experiment_and_suite_are_usage_errors() -> None:
 
 def test_bad_experiment_names_the_key(tmp_path: Path) -> None:
     p = tmp_path / "x.yaml"
-    p.write_text("name: x\nstrategy: numa\ndescription: d\nfault: {spec: numa-mismatch, when: 3}\nexpect: {}\n")
+    p.write_text(
+        "name: x\nstrategy: numa\ndescription: d\nfault: {spec: numa-mismatch, when: 3}\nexpect: {}\n"
+    )
     with pytest.raises(ConfigError) as exc:
         load_experiment_file(p)
     assert exc.value.key == "fault.when"

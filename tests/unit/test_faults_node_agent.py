@@ -80,7 +80,9 @@ def test_a_failing_fault_leaves_the_others(tmp_path: Path) -> None:
 
 def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
     sim = TcSim()
-    res = agent.apply("15", "node1", "netem:delay=30ms", 60, tmp_path, sim.runner, log_file=tmp_path / "a.log")
+    res = agent.apply(
+        "15", "node1", "netem:delay=30ms", 60, tmp_path, sim.runner, log_file=tmp_path / "a.log"
+    )
     assert res.agent_pid is not None
     assert Path(f"/proc/{res.agent_pid}").exists()
     lines = agent.undo("15", "node1", tmp_path, sim.runner)
@@ -136,7 +138,9 @@ def test_squeue_probe() -> None:
 def test_node_runner_enters_namespaces_only_when_needed() -> None:
     runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
     me = os.getpid()
-    here = Header("1", "n", 0.0, 0.0, me, os.stat("/proc/self/ns/net").st_ino, os.stat("/proc/self/ns/mnt").st_ino)
+    here = Header(
+        "1", "n", 0.0, 0.0, me, os.stat("/proc/self/ns/net").st_ino, os.stat("/proc/self/ns/mnt").st_ino
+    )
     assert node_runner(here, runner) is runner
     elsewhere = Header("1", "n", 0.0, 0.0, 1, here.netns, 1)  # same net, another mount namespace
     wrapped = node_runner(elsewhere, runner)
@@ -164,10 +168,17 @@ def test_hook_never_fails_on_a_bad_spec(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_installed_hooks_exit_0_and_log_their_failure(tmp_path: Path) -> None:
     log_file = tmp_path / "agent.log"
-    paths = install_hooks(tmp_path / "etc", "/nonexistent/python", journal_root=tmp_path / "j", log_file=log_file,
-                          spec_dir=tmp_path / "spec")
+    paths = install_hooks(
+        tmp_path / "etc",
+        "/nonexistent/python",
+        journal_root=tmp_path / "j",
+        log_file=log_file,
+        spec_dir=tmp_path / "spec",
+    )
     assert [p.relative_to(tmp_path / "etc").as_posix() for p in paths] == [
-        f"prolog.d/{HOOK_NAME}", f"epilog.d/{HOOK_NAME}"]
+        f"prolog.d/{HOOK_NAME}",
+        f"epilog.d/{HOOK_NAME}",
+    ]
     assert all(os.access(p, os.X_OK) for p in paths)
     prolog = paths[0]
     base = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node1"}

@@ -22,7 +22,9 @@ def state(pid: int) -> str:
 
 def ctx_for(tmp_path: Path, nodes: tuple[str, ...] = ("node1",)) -> JobContext:
     runner = FakeRunner(lambda argv: Completed(argv, 0, "", ""))
-    return JobContext("77", "node1", nodes, None, None, time.time() + 60, Journal(tmp_path, "node1", "77"), runner)
+    return JobContext(
+        "77", "node1", nodes, None, None, time.time() + 60, Journal(tmp_path, "node1", "77"), runner
+    )
 
 
 def test_proc_identity_survives_only_the_same_process() -> None:

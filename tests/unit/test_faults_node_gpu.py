@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -9,13 +10,15 @@ import pytest
 
 from slurm_chaos.faults import node_gpu
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
-from slurm_chaos.faults.node_base import JobContext
+from slurm_chaos.faults.node_base import JobContext, log
 from slurm_chaos.faults.spec import parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
 
 
 def ctx_for(tmp_path: Path, runner: FakeRunner) -> JobContext:
-    return JobContext("3", "node2", ("node2",), None, None, time.time() + 60, Journal(tmp_path, "node2", "3"), runner)
+    return JobContext(
+        "3", "node2", ("node2",), None, None, time.time() + 60, Journal(tmp_path, "node2", "3"), runner
+    )
 
 
 def test_xid_line_matches_what_dmesg_detectors_parse() -> None:
@@ -46,14 +49,20 @@ def test_kmsg_xid_is_written_and_journalled(tmp_path: Path, monkeypatch: pytest.
     assert entry.undo.action == "none"
 
 
-def test_without_dcgm_nothing_is_injected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_without_dcgm_nothing_is_injected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_gpu.shutil, "which", lambda name: None)
     runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
     ctx = ctx_for(tmp_path, runner)
-    with caplog.at_level("WARNING", logger="slurm_chaos.faults"):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log.addHandler(handler)
+    try:
         node_gpu.apply_gpu_ecc(parse_spec("gpu-ecc")[0], ctx)
+    finally:
+        log.removeHandler(handler)
     assert runner.calls == [] and ctx.journal.read().entries == ()
-    assert "DCGM is not running" in caplog.text
+    assert any("DCGM is not running" in r.getMessage() for r in records)
 
 
 def test_dcgm_injection_and_its_undo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

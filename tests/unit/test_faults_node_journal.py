@@ -113,8 +113,18 @@ def test_skip_pid_marks_own_early_entry_without_running_it(tmp_path: Path) -> No
 
 def test_torn_last_line_is_ignored() -> None:
     good = json.dumps(
-        {"kind": "change", "seq": 1, "time": 1.0, "job_id": "1", "node": "n", "fault": "f", "action": "a",
-         "undo": {"argv": ["true"]}, "pid": 1, "deadline": 2.0}
+        {
+            "kind": "change",
+            "seq": 1,
+            "time": 1.0,
+            "job_id": "1",
+            "node": "n",
+            "fault": "f",
+            "action": "a",
+            "undo": {"argv": ["true"]},
+            "pid": 1,
+            "deadline": 2.0,
+        }
     )
     state = parse_records([good, '{"kind": "done", "se'])
     assert len(state.entries) == 1 and state.done == frozenset()

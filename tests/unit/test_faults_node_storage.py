@@ -29,7 +29,10 @@ def findmnt_runner(stack: list[str], busy: bool = False) -> FakeRunner:
 def _journal(tmp_path: Path) -> Journal:
     j = Journal(tmp_path, "node1", "5")
     j.record(
-        "ckpt-full", "mount", Undo(action="umount_ours", data={"target": TARGET, "source": tmpfs_source("5")}), 1e12
+        "ckpt-full",
+        "mount",
+        Undo(action="umount_ours", data={"target": TARGET, "source": tmpfs_source("5")}),
+        1e12,
     )
     return j
 

@@ -18,7 +18,9 @@ TH = Thresholds()
 
 def beat(job: str, rank: int, host: str, compute: float, age: float = 1.0, **kw: object) -> Beat:
     fields: dict[str, object] = {"window": 10, "step": 50} | kw
-    return Beat(job, rank, host, NOW - age, step_time=compute + 0.02, compute_time=compute, comm_time=0.02, **fields)  # type: ignore[arg-type]
+    return Beat(
+        job, rank, host, NOW - age, step_time=compute + 0.02, compute_time=compute, comm_time=0.02, **fields
+    )  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- straggler
@@ -58,7 +60,9 @@ def fake_proc(root: Path, procs: dict[int, tuple[dict[str, str], str]]) -> Path:
         d = root / str(pid)
         d.mkdir(parents=True)
         (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
-        (d / "status").write_text(f"Name:\tpython3\nPid:\t{pid}\nCpus_allowed_list:\t{cpus}\nMems_allowed_list:\t0\n")
+        (d / "status").write_text(
+            f"Name:\tpython3\nPid:\t{pid}\nCpus_allowed_list:\t{cpus}\nMems_allowed_list:\t0\n"
+        )
     (root / "self").mkdir()
     return root
 
@@ -99,6 +103,20 @@ def test_scan_tasks_keeps_this_nodes_task_processes_only(tmp_path: Path) -> None
     assert [(t.pid, t.job_id, t.step_id, t.procid, sorted(t.cpus), t.cpus_on_node) for t in tasks_] == [
         (100, "5", "0", 1, [1], 2)
     ]
+
+
+def test_scan_tasks_skips_processes_of_other_namespaces(tmp_path: Path) -> None:
+    """In the sandbox, another sandbox's node2 shares /proc and the node name, not the namespaces."""
+    proc = fake_proc(
+        tmp_path,
+        {500: (task_env("5", "0", 0, "node2"), "0-1"), 501: (task_env("9", "0", 0, "node2"), "0-1")},
+    )
+    (proc / "self" / "ns").mkdir()
+    for pid, ns in (("self", 1), ("500", 1), ("501", 2)):
+        (proc / pid / "ns").mkdir(exist_ok=True)
+        os.symlink(f"net:[{ns}]", proc / pid / "ns" / "net")
+        os.symlink(f"uts:[{ns}]", proc / pid / "ns" / "uts")
+    assert [t.job_id for t in checks.scan_tasks("node2", proc)] == ["5"]
 
 
 def test_numa_squeeze_below_cpu_share_is_critical(tmp_path: Path) -> None:
@@ -188,7 +206,8 @@ def test_checkpoint_failures_from_the_probe_heartbeat(tmp_path: Path) -> None:
 
 KMSG = [
     "6,1001,5000000,-;eth0: link up\n",
-    "3,1002,100000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n",
+    "3,1002,100000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.\n",
     "3,1003,200000000,-;NVRM: Xid (PCI:0000:86:00): 13, pid=1234, name=python, Graphics Exception\n",
 ]
 
@@ -217,9 +236,16 @@ def test_xid_recent_is_critical_old_or_application_xid_is_not() -> None:
 
 
 def test_missing_gpu_and_cpu_nodes() -> None:
-    assert checks.check_gpu_xid(GpuFacts((), error="NVML did not initialise", expected=2), TH, 1.0).status == CRITICAL
+    assert (
+        checks.check_gpu_xid(GpuFacts((), error="NVML did not initialise", expected=2), TH, 1.0).status
+        == CRITICAL
+    )
     cpu = GpuFacts(error="no GPUs configured for this node")
-    for res in (checks.check_gpu_xid(cpu, TH, 1.0), checks.check_gpu_ecc(cpu), checks.check_gpu_throttle(cpu, TH)):
+    for res in (
+        checks.check_gpu_xid(cpu, TH, 1.0),
+        checks.check_gpu_ecc(cpu),
+        checks.check_gpu_throttle(cpu, TH),
+    ):
         assert res.status == OK and "skipped" in res.message
     assert checks.read_gpus(0).error == "no GPUs configured for this node"
 
@@ -229,7 +255,9 @@ def test_ecc_uncorrected_and_row_remapping() -> None:
     bad = GpuFacts((GpuState(0, "b", ecc_uncorrected=2), GpuState(1, "c", remap_pending=True)), expected=2)
     res = checks.check_gpu_ecc(bad)
     assert res.status == CRITICAL
-    assert "GPU 0: 2 uncorrected ECC error(s)" in res.message and "GPU 1: row remapping pending" in res.message
+    assert (
+        "GPU 0: 2 uncorrected ECC error(s)" in res.message and "GPU 1: row remapping pending" in res.message
+    )
 
 
 def test_throttle_by_reason_and_by_low_clock_under_load() -> None:
@@ -239,7 +267,9 @@ def test_throttle_by_reason_and_by_low_clock_under_load() -> None:
     idle = GpuState(2, "d", sm_clock=300, sm_clock_max=1980, utilization=0)
     res = checks.check_gpu_throttle(GpuFacts((thermal, locked, idle), expected=3), TH)
     assert res.status == CRITICAL
-    assert "GPU 0: slowdown reasons 0x40" in res.message and "GPU 1: 95% busy at 300 of 1980 MHz" in res.message
+    assert (
+        "GPU 0: slowdown reasons 0x40" in res.message and "GPU 1: 95% busy at 300 of 1980 MHz" in res.message
+    )
     assert "GPU 2" not in res.message
 
 

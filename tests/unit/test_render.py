@@ -54,6 +54,6 @@ def test_too_many_nodes_is_refused_before_anything_is_written(tmp_path: Path) ->
     exp = load_experiment("numa-mismatch")
     big = Experiment(**{**exp.__dict__, "nodes": 5, "fault": Fault(spec="numa-mismatch")})
     out = tmp_path / "out"
-    with pytest.raises(UsageError, match="safety.max_nodes is 4"):
+    with pytest.raises(UsageError, match=r"safety\.max_nodes is 4"):
         render_experiment(site, big, out, "r1")
     assert not out.exists()

@@ -69,7 +69,11 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
         (lambda d: d["nodes"].update(cpus="sixteen"), "nodes.cpus", "expected integer"),
         (lambda d: d["safety"].update(max_nodes=0), "safety.max_nodes", "minimum"),
         (lambda d: d["slurm"].update(partition="gpu"), "slurm.partition", "unknown partition 'gpu'"),
-        (lambda d: d["safety"].update(allowed_partitions=["nope"]), "safety.allowed_partitions.0", "unknown partition"),
+        (
+            lambda d: d["safety"].update(allowed_partitions=["nope"]),
+            "safety.allowed_partitions.0",
+            "unknown partition",
+        ),
         (lambda d: d.pop("checkpoint"), "checkpoint", "required key is missing"),
         (lambda d: d["probe"].update(model_size="huge"), "probe.model_size", "expected one of"),
         (lambda d: d["nodes"]["gpus"][1].update(numa_node=5), "nodes.gpus.1.numa_node", "numa_nodes is 2"),

@@ -1,0 +1,485 @@
+"""Node-level faults on the real sandbox: the effect seen from inside a job, and the node as before after it.
+
+The prolog/epilog hooks are installed into the sandbox's prolog.d/epilog.d for this module. Jobs get
+their SPEC through the hooks' fallback file (``<shared>/chaos-spec/<job id>``, written between
+``sbatch --hold`` and ``scontrol release``), so these tests do not depend on the SPANK plugin.
+Each node is a slurmd in its own network and mount namespaces; its state is read by entering them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.faults import node_proc
+from slurm_chaos.faults.cleanup import cleanup
+from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
+from slurm_chaos.faults.journal import Journal
+from slurm_chaos.faults.node_base import MARKER_ENV
+from slurm_chaos.runner import Completed, SubprocessRunner
+
+pytestmark = pytest.mark.sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 120
+
+# Runs inside job steps: a TCP sink/echo server and the clients that time it.
+NETPROBE = r"""
+import socket, statistics, sys, time
+mode = sys.argv[1]
+if mode == "serve":
+    srv = socket.create_server(("0.0.0.0", int(sys.argv[2])))
+    srv.settimeout(60)
+    while True:
+        conn, _ = srv.accept()
+        kind = conn.recv(1)
+        if kind == b"Q":
+            break
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                break
+            if kind == b"E":
+                conn.sendall(data)
+        conn.close()
+elif mode == "send":
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    s.sendall(b"S")
+    t = time.monotonic()
+    s.sendall(b"x" * int(sys.argv[4]))
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)
+    print(f"SEND_S={time.monotonic() - t:.3f}")
+elif mode == "rtt":
+    s = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b"E")
+    rtts = []
+    for _ in range(int(sys.argv[4])):
+        t = time.monotonic()
+        s.sendall(b"p")
+        s.recv(1)
+        rtts.append(time.monotonic() - t)
+    print(f"RTT_MS={statistics.median(rtts) * 1000:.2f}")
+    s.close()
+    q = socket.create_connection((sys.argv[2], int(sys.argv[3])))
+    q.sendall(b"Q")
+"""
+
+# Runs as each task: fixed CPU work, timed in wall-clock seconds.
+BUSY = r"""
+import os, time
+t = time.monotonic()
+x = 0
+for i in range(int(os.environ.get("WORK", "15000000"))):
+    x += i * i
+wall = time.monotonic() - t
+cgroup = [line for line in open("/proc/self/cgroup") if ":cpu," in line or ":cpu:" in line]
+where = cgroup[0].strip() if cgroup else ""
+print(f"RANK={os.environ['SLURM_PROCID']} WALL_S={wall:.3f} CGROUP={where}", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The sandbox with the hooks installed."""
+
+    env: dict[str, str]
+    root: Path
+    shared: Path
+    journal_root: Path
+    spec_dir: Path
+    log_file: Path
+    nodes: tuple[str, ...]
+
+    def run(self, argv: Sequence[str], timeout: float = TIMEOUT) -> Completed:
+        return SubprocessRunner()(argv, timeout=timeout, env=self.env)
+
+    def slurmd_pid(self, node: str) -> int:
+        return int((self.root / "run" / f"slurmd.{node}.pid").read_text().split()[0])
+
+    def in_node(self, node: str, argv: Sequence[str]) -> Completed:
+        return self.run(["nsenter", "-t", str(self.slurmd_pid(node)), "-n", "-m", "--", *argv], timeout=20)
+
+    def submit(self, script: str, spec: str | None, *sbatch: str) -> str:
+        name = uuid.uuid4().hex[:8]
+        path = self.shared / f"job-{name}.sh"
+        path.write_text("#!/bin/bash\n" + script)
+        out = self.shared / f"job-{name}.out"
+        res = self.run(
+            ["sbatch", "--parsable", "--hold", "-o", str(out), "-D", str(self.shared), *sbatch, str(path)]
+        )
+        assert res.ok, res.stderr
+        job = res.stdout.strip().split(";")[0]
+        if spec:
+            (self.spec_dir / job).write_text(spec + "\n")
+        assert self.run(["scontrol", "release", job]).ok
+        return job
+
+    def output(self, job: str) -> str:
+        res = self.run(["scontrol", "show", "job", job])
+        m = re.search(r"StdOut=(\S+)", res.stdout)
+        assert m, res.stdout
+        return Path(m.group(1)).read_text()
+
+    def state(self, job: str) -> str:
+        res = self.run(["squeue", "-h", "-j", job, "-o", "%T"])
+        return res.stdout.strip() if res.ok else ""
+
+    def wait_state(self, job: str, states: set[str], timeout: float = TIMEOUT) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            state = self.state(job)
+            if state in states or (not state and "" in states):
+                return state
+            time.sleep(0.3)
+        raise AssertionError(f"job {job} never reached {states} (last {state!r})")
+
+    def wait_done(self, job: str, nodes: Sequence[str], timeout: float = TIMEOUT) -> None:
+        """Until the job left the queue and every node's journal of it is closed and fully undone."""
+        self.wait_state(job, {"", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"}, timeout)
+        self.wait_reverted(job, nodes, timeout)
+
+    def wait_reverted(self, job: str, nodes: Sequence[str], timeout: float = TIMEOUT) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            states = [Journal(self.journal_root, n, job).read() for n in nodes]
+            if all(s.closed and not s.pending() for s in states):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"job {job}: journals not reverted: {[self.journal(n, job) for n in nodes]}")
+
+    def journal(self, node: str, job: str) -> str:
+        path = self.journal_root / node / f"{job}.jsonl"
+        return path.read_text() if path.exists() else "(none)"
+
+    def wait_agent(self, job: str, node: str, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(e.fault == "agent" for e in Journal(self.journal_root, node, job).read().entries):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"no agent for job {job} on {node}: {self.journal(node, job)}")
+
+    def snapshot(self, node: str) -> dict[str, object]:
+        """What a fault may change on a node, read from inside its namespaces."""
+        pid = self.slurmd_pid(node)
+        qdisc = self.in_node(node, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        mounts = sorted(
+            " ".join(line.split()[3:5]) for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        )
+        net = node_proc.ns_inode(pid, "net")
+        stopped, marked, tasks = [], [], []
+        for p in node_proc.pids():
+            if node_proc.ns_inode(p, "net") != net:
+                continue
+            env = node_proc.environ(p)
+            if MARKER_ENV in env:
+                marked.append(p)
+            if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
+                tasks.append(p)
+            stat = Path(f"/proc/{p}/stat")
+            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
+                stopped.append(p)
+        cgroups = sorted(p.name for p in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*"))
+        state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+        return {
+            "qdisc": qdisc,
+            "mounts": mounts,
+            "stopped": stopped,
+            "marked": marked,
+            "tasks": tasks,
+            "cgroups": cgroups,
+            "state": state,
+        }
+
+    def snapshots(self, nodes: Sequence[str]) -> dict[str, dict[str, object]]:
+        return {n: self.snapshot(n) for n in nodes}
+
+
+@pytest.fixture(scope="module")
+def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    root = Path(sandbox.slurm_conf).parent.parent
+    etc = Path(sandbox.slurm_conf).parent
+    journal_root = root / "journal"
+    spec_dir = Path(sandbox.shared_dir) / "chaos-spec"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    log_file = root / "log" / "slurm-chaos-agent.log"
+    install_hooks(
+        etc, sys.executable, journal_root=journal_root, log_file=log_file, spec_dir=spec_dir, deadline_s=600
+    )
+    (Path(sandbox.shared_dir) / "netprobe.py").write_text(NETPROBE)
+    (Path(sandbox.shared_dir) / "busy.py").write_text(BUSY)
+    c = Cluster(
+        dict(sandbox.env),
+        root,
+        Path(sandbox.shared_dir),
+        journal_root,
+        spec_dir,
+        log_file,
+        tuple(sandbox.nodes),
+    )
+    try:
+        yield c
+    finally:
+        uninstall_hooks(etc)
+
+
+def kernel_has_netem(c: Cluster) -> bool:
+    ns = f"sc-netem-probe-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        res = subprocess.run(
+            ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+            capture_output=True,
+            text=True,
+        )
+        return res.returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+
+
+def values(text: str, key: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"{key}=([0-9.]+)", text)]
+
+
+NET_JOB = """
+PY={py}
+srun --overlap -N1 -n1 -w node2 $PY netprobe.py serve 9{port} &
+sleep 1.5
+echo "QDISC=$(srun --overlap -N1 -n1 -w node1 tc qdisc show dev eth0)"
+srun --overlap -N1 -n1 -w node1 $PY netprobe.py send node2 9{port} {nbytes}
+srun --overlap -N1 -n1 -w node1 $PY netprobe.py rtt node2 9{port} 20
+wait
+"""
+
+
+def test_network_degradation_is_measured_inside_the_job_and_reverted(cluster: Cluster) -> None:
+    nodes = ["node1", "node2"]
+    before = cluster.snapshots(nodes)
+    script = NET_JOB.format(py=sys.executable, port=101, nbytes=1 << 20)
+    base = cluster.submit(script, None, "-N2", "-w", "node[1-2]")
+    cluster.wait_state(base, {"", "COMPLETED"})
+    netem = kernel_has_netem(cluster)
+    spec = "netem:rate=256K" + (",delay=40ms" if netem else "")
+    job = cluster.submit(script.replace("9101", "9102"), spec, "-N2", "-w", "node[1-2]")
+    cluster.wait_done(job, nodes)
+    plain, shaped = cluster.output(base), cluster.output(job)
+    (send0,), (send1,) = values(plain, "SEND_S"), values(shaped, "SEND_S")
+    # 1 MiB at 256 KiB/s takes at least ~3.5 s (the first 32 KiB burst goes at once); unshaped, < 1 s.
+    assert send0 < 1.0 and send1 > 3.0, (plain, shaped)
+    assert "cafe:" in shaped and ("netem" in shaped if netem else "tbf" in shaped)
+    if netem:
+        (rtt0,), (rtt1,) = values(plain, "RTT_MS"), values(shaped, "RTT_MS")
+        assert rtt1 - rtt0 > 35, (rtt0, rtt1)
+    assert cluster.snapshots(nodes) == before
+
+
+def test_full_checkpoint_volume_only_on_the_checkpoint_path(cluster: Cluster) -> None:
+    ckpt = cluster.shared / f"ckpt-full-{uuid.uuid4().hex[:6]}"
+    script = f"""
+{sys.executable} - <<'EOF'
+import errno, os
+st = os.statvfs("{ckpt}")
+print("FREE", st.f_bavail * st.f_frsize)
+try:
+    with open("{ckpt}/ckpt.pt", "wb") as f:
+        f.write(b"x" * 100000)
+    print("CKPT written")
+except OSError as e:
+    print("CKPT", errno.errorcode[e.errno])
+with open("{cluster.shared}/elsewhere-{ckpt.name}", "wb") as f:
+    f.write(b"x" * 100000)
+print("ELSEWHERE ok")
+EOF
+"""
+    before = cluster.snapshot("node3")
+    job = cluster.submit(script, f"ckpt-full:path={ckpt}", "-N1", "-w", "node3")
+    cluster.wait_done(job, ["node3"])
+    out = cluster.output(job)
+    assert "FREE 0" in out and "CKPT ENOSPC" in out and "ELSEWHERE ok" in out, out
+    assert cluster.snapshot("node3") == before
+    assert not ckpt.exists()  # the directory the fault created is gone again
+
+
+def build_shim() -> Path:
+    res = subprocess.run(["make", "-C", str(REPO / "preload")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return REPO / "preload" / "build" / "libslurm_chaos_io.so"
+
+
+def test_checkpoint_io_errors_and_hang_only_on_the_checkpoint_path(cluster: Cluster) -> None:
+    shim = build_shim()
+    ckpt = cluster.shared / f"ckpt-io-{uuid.uuid4().hex[:6]}"
+    writer = f"""import errno, os, sys
+os.makedirs("{ckpt}", exist_ok=True)
+with open("{cluster.shared}/probe-{ckpt.name}.h5", "wb") as f:
+    f.write(b"x" * 65536)
+try:
+    with open("{ckpt}/ckpt.pt", "wb", buffering=0) as f:
+        f.write(b"x" * 8192)
+        f.write(b"x" * 8192)
+    print(sys.argv[1], "written", flush=True)
+except OSError as e:
+    print(sys.argv[1], errno.errorcode[e.errno], flush=True)
+"""
+    (cluster.shared / f"{ckpt.name}.py").write_text(writer)
+    py = f"{sys.executable} {cluster.shared}/{ckpt.name}.py"
+    script = f"""
+export SLURM_CHAOS_CKPT_DIR={ckpt} LD_PRELOAD={shim}
+SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=8192 {py} enospc
+SLURM_CHAOS_IO_FAULT=eio {py} eio
+SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=8192 timeout 3 {py} hang
+echo "HANG_RC=$?"
+SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_HOLD_S=1 SLURM_CHAOS_IO_AFTER_BYTES=8192 {py} hold
+"""
+    job = cluster.submit(script, None, "-N1", "-w", "node4")
+    cluster.wait_state(job, {"", "COMPLETED"})
+    out = cluster.output(job)
+    assert "enospc ENOSPC" in out and "eio EIO" in out and "hold written" in out, out
+    assert "HANG_RC=124" in out and "hang written" not in out, out
+    assert (cluster.shared / f"probe-{ckpt.name}.h5").stat().st_size == 65536
+    assert (ckpt / "ckpt.pt").stat().st_size == 16384  # the last run (hold) got through after its hang
+
+
+@pytest.mark.parametrize("method", ["duty-cycle", "cgroup"])
+def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, method: str) -> None:
+    before = cluster.snapshot("node1")
+    script = f"srun -n2 -N1 {sys.executable} {cluster.shared}/busy.py\n"
+    # The cgroup cap is absolute and this machine is shared: a deep cut keeps it binding.
+    percent = 60 if method == "duty-cycle" else 95
+    job = cluster.submit(
+        script, f"slow-rank:rank=1,percent={percent},method={method}", "-N1", "-n2", "-w", "node1"
+    )
+    cluster.wait_done(job, ["node1"])
+    out = cluster.output(job)
+    walls = {int(r): float(w) for r, w in re.findall(r"RANK=(\d+) WALL_S=([0-9.]+)", out)}
+    assert set(walls) == {0, 1}, out
+    # Losing 60% of its time makes rank 1 about 2.5x slower (the first scan costs up to a second).
+    assert walls[1] / walls[0] > 1.6, walls
+    journal = cluster.journal("node1", job)
+    if method == "duty-cycle":
+        assert "signal_process" in journal
+    else:  # seen from inside the job: rank 1 ran in our cgroup, rank 0 did not
+        assert "cgroup_move" in journal
+        assert re.search(rf"RANK=1 .*CGROUP=\S*/slurm-chaos-{job}-slow-rank", out) and not re.search(
+            r"RANK=0 .*slurm-chaos", out
+        ), out
+    assert cluster.snapshot("node1") == before
+
+
+def test_noisy_neighbour_runs_during_the_job_only(cluster: Cluster) -> None:
+    before = cluster.snapshot("node2")
+    script = f"""
+sleep 1
+{sys.executable} - <<'EOF'
+import os
+n = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        env = open(f"/proc/{{pid}}/environ", "rb").read()
+        cmd = open(f"/proc/{{pid}}/cmdline", "rb").read()
+    except OSError:
+        continue
+    if b"{MARKER_ENV}=node2:" in env and cmd.startswith(b"stress-ng"):
+        n += 1
+print("STRESS", n)
+EOF
+"""
+    job = cluster.submit(script, "noisy-neighbour:cpus=1", "-N1", "-w", "node2")
+    cluster.wait_done(job, ["node2"])
+    out = cluster.output(job)
+    m = re.search(r"STRESS (\d+)", out)
+    assert m and int(m.group(1)) >= 1, out
+    assert cluster.snapshot("node2") == before
+
+
+def test_gpu_xid_reaches_the_kernel_log_and_dcgm_faults_degrade_clearly(cluster: Cluster) -> None:
+    job = cluster.submit("sleep 1\n", "gpu-xid:xid=79+gpu-ecc", "-N1", "-w", "node3")
+    cluster.wait_done(job, ["node3"])
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True)
+    if dmesg.returncode == 0:
+        assert re.search(rf"NVRM: Xid \(PCI:[0-9a-f:]+\): 79, .*node node3 job {job}\)", dmesg.stdout)
+    log = cluster.log_file.read_text()
+    assert "gpu-ecc: DCGM is not running on node3" in log
+
+
+SLEEP_SPEC = "netem:rate=1M+slow-rank:rank=0,percent=50+noisy-neighbour:cpus=1+ckpt-full:path={ckpt}"
+
+
+def test_scancel_mid_fault_leaves_nothing_behind(cluster: Cluster) -> None:
+    nodes = ["node1", "node2"]
+    ckpt = cluster.shared / f"ckpt-cancel-{uuid.uuid4().hex[:6]}"
+    before = cluster.snapshots(nodes)
+    job = cluster.submit("srun -N2 -n2 sleep 300\n", SLEEP_SPEC.format(ckpt=ckpt), "-N2", "-w", "node[1-2]")
+    cluster.wait_state(job, {"RUNNING"})
+    cluster.wait_agent(job, "node1")
+    time.sleep(3)  # the tasks exist and the duty cycle has caught rank 0
+    during = cluster.snapshot("node1")
+    assert "cafe:" in str(during["qdisc"]) and during["marked"], during
+    assert "duty cycle" in cluster.journal("node1", job)
+    assert cluster.run(["scancel", job]).ok
+    cluster.wait_done(job, nodes)
+    assert cluster.snapshots(nodes) == before
+
+
+def _disable_epilog(cluster: Cluster) -> Path:
+    hook = Path(cluster.env["SLURM_CONF"]).parent / "epilog.d" / HOOK_NAME
+    hook.chmod(0o644)  # the dispatcher only runs executables
+    return hook
+
+
+def test_missed_epilog_is_reverted_by_the_watchdog(cluster: Cluster) -> None:
+    before = cluster.snapshot("node3")
+    hook = _disable_epilog(cluster)
+    try:
+        job = cluster.submit("sleep 2\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node3")
+        cluster.wait_state(job, {"", "COMPLETED"})
+        assert Journal(cluster.journal_root, "node3", job).read().pending()  # no epilog ran
+        cluster.wait_reverted(job, ["node3"], timeout=60)  # the agent sees the job gone within ~15 s
+    finally:
+        hook.chmod(0o755)
+    assert "agent watchdog (job ended)" in cluster.journal("node3", job)
+    assert cluster.snapshot("node3") == before
+
+
+def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) -> None:
+    before = cluster.snapshot("node4")
+    hook = _disable_epilog(cluster)
+    try:
+        job = cluster.submit("sleep 2\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node4")
+        cluster.wait_agent(job, "node4")
+        agent_entry = next(
+            e for e in Journal(cluster.journal_root, "node4", job).read().entries if e.fault == "agent"
+        )
+        os.kill(int(str(agent_entry.undo.data["pid"])), 9)
+        cluster.wait_state(job, {"", "COMPLETED"})
+        assert "cafe:" in str(cluster.snapshot("node4")["qdisc"])  # left behind
+        # From the sandbox host: cleanup enters node4's namespaces to revert.
+        reverted = cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env))
+    finally:
+        hook.chmod(0o755)
+    assert any("job no longer running" in line and "netem" in line for line in reverted), reverted
+    assert not any(line.startswith("FAILED") for line in reverted), reverted
+    assert cluster.snapshot("node4") == before
+    assert cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env)) == []
+
+
+def test_journal_is_json_lines_written_before_the_change(cluster: Cluster) -> None:
+    job = cluster.submit("sleep 1\n", "netem:rate=2M", "-N1", "-w", "node1")
+    cluster.wait_done(job, ["node1"])
+    records = [json.loads(line) for line in cluster.journal("node1", job).splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "header" and "closed" in kinds
+    change = next(r for r in records if r["kind"] == "change" and r["fault"] == "netem")
+    assert change["undo"]["action"] == "tc_restore" and change["deadline"] > change["time"]

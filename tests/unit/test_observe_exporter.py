@@ -1,0 +1,133 @@
+"""The exporter's metrics from heartbeat and state files: values, staleness, and gating by enabled signals."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.registry import CollectorRegistry
+
+from slurm_chaos.observe import healthcheck as hc
+from slurm_chaos.observe.checks import SIGNALS
+from slurm_chaos.observe.exporter import ChaosCollector, Sources
+from slurm_chaos.observe.heartbeat import Heartbeat
+
+NOW = 5000.0
+
+
+def write_beats(
+    directory: Path, ranks: list[tuple[str, float]], job: str = "12", at: float = NOW - 1
+) -> None:
+    for rank, (host, compute) in enumerate(ranks):
+        hb = Heartbeat(directory, job, rank, host, world_size=len(ranks), clock=lambda: at)
+        for step in range(5):
+            hb.update(step, compute + 0.02, compute, 0.02, checkpoint_failures=rank, numa_mismatch=rank == 2)
+            hb._last_write = float("-inf")
+
+
+def registry(tmp_path: Path, signals: frozenset[str] | None = None) -> CollectorRegistry:
+    config = None
+    if signals is not None:
+        config = tmp_path / "hc.toml"
+        config.write_text(hc.render_config(hc.Options(signals=signals)))
+    reg = CollectorRegistry()
+    reg.register(ChaosCollector(Sources(tmp_path / "hb", tmp_path / "health", config), clock=lambda: NOW))
+    return reg
+
+
+def labels(rank: int, host: str, job: str = "12", world: int = 3) -> dict[str, str]:
+    return {"job_id": job, "rank": str(rank), "host": host, "world_size": str(world)}
+
+
+def test_rank_metrics_and_straggler_ratio(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10), ("node3", 0.05)])
+    reg = registry(tmp_path)
+    value = reg.get_sample_value
+    assert value("slurm_chaos_probe_step_seconds", labels(1, "node2")) == pytest.approx(0.12)
+    assert value("slurm_chaos_probe_compute_seconds", labels(1, "node2")) == pytest.approx(0.10)
+    assert value("slurm_chaos_probe_comm_seconds", labels(0, "node1")) == pytest.approx(0.02)
+    assert value("slurm_chaos_probe_last_step", labels(0, "node1")) == 4
+    assert value("slurm_chaos_probe_straggler_ratio", labels(1, "node2")) == pytest.approx(2.0)
+    assert value("slurm_chaos_probe_straggler_ratio", labels(0, "node1")) == pytest.approx(0.05 / 0.075)
+    assert value("slurm_chaos_probe_checkpoint_failures", labels(2, "node3")) == 2
+    assert value("slurm_chaos_probe_numa_mismatch", labels(2, "node3")) == 1
+    assert value("slurm_chaos_probe_numa_mismatch", labels(0, "node1")) == 0
+    assert value("slurm_chaos_probe_heartbeat_age_seconds", labels(0, "node1")) == pytest.approx(1.0)
+    assert all(value("slurm_chaos_signal_enabled", {"signal": s}) == 1 for s in SIGNALS)
+
+
+def test_stale_heartbeats_are_not_exported(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10)], job="old", at=NOW - 600)
+    reg = registry(tmp_path)
+    assert reg.get_sample_value("slurm_chaos_probe_step_seconds", labels(0, "node1", "old", 2)) is None
+
+
+def test_disabled_signals_export_nothing(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10), ("node3", 0.05)])
+    reg = registry(tmp_path, frozenset({"numa"}))
+    assert reg.get_sample_value("slurm_chaos_probe_straggler_ratio", labels(1, "node2")) is None
+    assert reg.get_sample_value("slurm_chaos_probe_step_seconds", labels(1, "node2")) is None
+    assert reg.get_sample_value("slurm_chaos_probe_checkpoint_failures", labels(2, "node3")) is None
+    assert reg.get_sample_value("slurm_chaos_probe_numa_mismatch", labels(2, "node3")) == 1
+    assert reg.get_sample_value("slurm_chaos_signal_enabled", {"signal": "straggler"}) == 0
+
+
+def test_health_check_results_per_node_and_check(tmp_path: Path) -> None:
+    states = tmp_path / "health"
+    states.mkdir()
+    results = [
+        {"check": "numa", "status": 2, "message": "squeezed"},
+        {"check": "checkpoint", "status": 1, "message": "missing"},
+        {"check": "straggler", "status": 0, "message": "ok"},
+    ]
+    (states / "node2.json").write_text(json.dumps({"node": "node2", "time": NOW - 3, "results": results}))
+    (states / "node4.json").write_text(json.dumps({"node": "node4", "time": NOW - 3600, "results": results}))
+    reg = registry(tmp_path, frozenset({"numa", "checkpoint"}))
+    value = reg.get_sample_value
+    assert value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) == 0
+    assert value("slurm_chaos_health_check_status", {"node": "node2", "check": "numa"}) == 2
+    assert value("slurm_chaos_health_check_ok", {"node": "node2", "check": "checkpoint"}) == 1
+    assert (
+        value("slurm_chaos_health_check_ok", {"node": "node2", "check": "straggler"}) is None
+    )  # not enabled
+    assert value("slurm_chaos_health_check_age_seconds", {"node": "node2"}) == pytest.approx(3)
+    assert value("slurm_chaos_health_check_ok", {"node": "node4", "check": "numa"}) is None  # stale
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_exporter_process_serves_metrics_over_http(tmp_path: Path) -> None:
+    hb = tmp_path / "hb"
+    write_beats(hb, [("node1", 0.05), ("node2", 0.10)], at=time.time())
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurm_chaos.observe.exporter", f"--port={port}", f"--heartbeat-dir={hb}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert (
+            'slurm_chaos_probe_straggler_ratio{host="node2",job_id="12",rank="1",world_size="2"} 2.0' in text
+        )
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -1,0 +1,224 @@
+"""The health check's config, NHC-style drain/resume decisions (FakeRunner), exit codes, and install."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.errors import ConfigError
+from slurm_chaos.observe import healthcheck as hc
+from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, Result, Thresholds
+from slurm_chaos.observe.heartbeat import Heartbeat
+from slurm_chaos.runner import Completed, FakeRunner
+from slurm_chaos.site import load_site
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = (REPO / "tests/data/slurm-22.05/scontrol_show_node_oneliner.txt").read_text().splitlines()
+IDLE = next(line for line in RECORDED if line.startswith("NodeName=node3 "))
+DRAINED_BY_OTHER = next(line for line in RECORDED if line.startswith("NodeName=node4 "))
+OTHER_REASON = "h-slurm: disk check failed"
+
+
+def node_line(name: str, drained_reason: str | None = None) -> str:
+    """A recorded `scontrol -o show node` line, renamed, and drained with `drained_reason` if given."""
+    if drained_reason is None:
+        return IDLE.replace("node3", name)
+    return DRAINED_BY_OTHER.replace("node4", name).replace(OTHER_REASON, drained_reason)
+
+
+def slurm(show: str | None, update_ok: bool = True) -> FakeRunner:
+    def respond(argv: tuple[str, ...]) -> Completed:
+        if argv[:3] == ("scontrol", "-o", "show"):
+            if show is None:
+                return Completed(argv, 1, "", "slurm_load_node error: Unable to contact slurm controller")
+            return Completed(argv, 0, show + "\n", "")
+        if argv[:2] == ("scontrol", "update"):
+            return Completed(argv, 0 if update_ok else 1, "", "" if update_ok else "Invalid node state")
+        raise AssertionError(f"unexpected command {argv}")
+
+    return FakeRunner(respond)
+
+
+OPTS = hc.Options(node="node2", slurm_conf="/sandbox/etc/slurm.conf")
+BAD = [Result("numa", OK, "fine"), Result("straggler", CRITICAL, "job 9 rank 1 computes 2.00x")]
+GOOD = [Result("numa", OK, "fine"), Result("straggler", OK, "fine")]
+
+
+def test_failed_check_drains_with_our_prefix() -> None:
+    runner = slurm(node_line("node2"))
+    action = hc.remediate(runner, OPTS, BAD)
+    assert action.did.startswith("drained: slurm-chaos-health: straggler: job 9 rank 1")
+    assert runner.calls[-1] == (
+        "scontrol",
+        "update",
+        "NodeName=node2",
+        "State=DRAIN",
+        "Reason=slurm-chaos-health: straggler: job 9 rank 1 computes 2.00x",
+    )
+
+
+def test_node_drained_by_someone_else_is_left_alone() -> None:
+    for results in (BAD, GOOD):
+        runner = slurm(node_line("node2", OTHER_REASON))
+        action = hc.remediate(runner, OPTS, results)
+        assert [c[1] for c in runner.calls] == ["-o"]  # looked, never updated
+        assert action.did.startswith("left alone") or action.did == "none"
+
+
+def test_resume_only_once_healthy_and_only_our_own_drain() -> None:
+    ours = "slurm-chaos-health: straggler: job 9 rank 1 computes 2.00x"
+    runner = slurm(node_line("node2", ours))
+    assert hc.remediate(runner, OPTS, BAD).did == "already drained by this check"
+    assert len(runner.calls) == 1
+    runner = slurm(node_line("node2", ours))
+    assert hc.remediate(runner, OPTS, GOOD).did == "resumed"
+    assert runner.calls[-1] == ("scontrol", "update", "NodeName=node2", "State=RESUME")
+    # A WARNING (say, a missing checkpoint directory) does not keep a node drained.
+    runner = slurm(node_line("node2", ours))
+    assert hc.remediate(runner, OPTS, [Result("checkpoint", WARNING, "missing")]).did == "resumed"
+
+
+def test_another_failing_check_rewrites_our_reason() -> None:
+    runner = slurm(node_line("node2", "slurm-chaos-health: numa: squeezed"))
+    assert hc.remediate(runner, OPTS, BAD).did.startswith("drained: slurm-chaos-health: straggler:")
+
+
+def test_unreachable_controller_is_unknown() -> None:
+    action = hc.remediate(slurm(None), OPTS, BAD)
+    assert not action.reachable and "Unable to contact" in action.did
+    assert hc.exit_code(GOOD, action) == UNKNOWN
+    assert hc.exit_code(BAD, action) == CRITICAL
+
+
+def test_exit_codes_follow_nagios() -> None:
+    assert hc.exit_code(GOOD, None) == OK
+    assert hc.exit_code([*GOOD, Result("checkpoint", WARNING, "x")], None) == WARNING
+    assert hc.exit_code([*BAD, Result("checkpoint", WARNING, "x")], None) == CRITICAL
+
+
+def test_long_reasons_are_cut() -> None:
+    reason = hc._reason(Result("numa", CRITICAL, "x" * 500))
+    assert len(reason) == hc.REASON_MAX and reason.endswith("...")
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_config_round_trip(tmp_path: Path) -> None:
+    opts = hc.Options(
+        signals=frozenset({"numa", "straggler"}),
+        heartbeat_dir=tmp_path / "hb",
+        checkpoint_path="/ckpt",
+        gpus_per_node=8,
+        slurm_conf="/etc/slurm/slurm.conf",
+        thresholds=Thresholds(straggler_ratio=1.5, xid_ignore=frozenset({13}), numa_share=False),
+    )
+    path = tmp_path / "hc.toml"
+    path.write_text(hc.render_config(opts, "a comment"))
+    assert hc.load_config(path) == opts
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ('signals = ["numa", "thermal"]', "signals", "unknown signal(s) thermal"),
+        ("colour = 1", "colour", "unknown key"),
+        ("gpus_per_node = 'eight'", "gpus_per_node", "expected int"),
+        ("[thresholds]\nstraggler_ratio = 'high'", "thresholds.straggler_ratio", "expected a number"),
+        ("[thresholds]\nspeed = 1", "thresholds.speed", "unknown key"),
+        ("signals = [", "", "malformed TOML"),
+    ],
+)
+def test_config_errors_name_file_and_key(tmp_path: Path, text: str, key: str, problem: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        hc.load_config(path)
+    assert err.value.path == str(path) and err.value.key == key and problem in err.value.problem
+
+
+def test_arguments_override_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "hc.toml"
+    path.write_text(hc.render_config(hc.Options(signals=frozenset({"numa"}), checkpoint_path="/a")))
+    opts = hc.options_from_args(["--config", str(path), "--signals", "straggler,checkpoint", "--node", "n7"])
+    assert opts.signals == {"straggler", "checkpoint"} and opts.checkpoint_path == "/a" and opts.node == "n7"
+    with pytest.raises(ConfigError):
+        hc.options_from_args(["--signals", "numa,bogus"])
+
+
+# ---------------------------------------------------------------- one run, end to end
+
+
+def test_main_drains_on_a_straggling_heartbeat_and_leaves_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hb, states = tmp_path / "hb", tmp_path / "health"
+    for rank, (host, compute) in enumerate([("node1", 0.05), ("node2", 0.12), ("node3", 0.05)]):
+        beat = Heartbeat(hb, "31", rank, host)
+        for step in range(5):
+            beat.update(step, compute + 0.01, compute, 0.01)
+            beat._last_write = float("-inf")
+    runner = slurm(node_line("node2"))
+    argv = ["--signals", "straggler,checkpoint", "--node", "node2", "--heartbeat-dir", str(hb)]
+    argv += ["--state-dir", str(states), "--checkpoint-path", str(tmp_path)]
+    code = hc.main(argv, runner=runner, inputs=hc.Inputs(proc=tmp_path / "noproc", sys=tmp_path / "nosys"))
+    out = capsys.readouterr().out
+    assert code == CRITICAL
+    assert out.startswith(
+        "slurm-chaos-health CRITICAL on node2 - straggler: job 31 rank 1 computes 120.0 ms/step"
+    )
+    assert runner.calls[-1][3] == "State=DRAIN"
+    state = json.loads((states / "node2.json").read_text())
+    assert [(r["check"], r["status"]) for r in state["results"]] == [
+        ("checkpoint", OK),
+        ("straggler", CRITICAL),
+    ]
+    assert state["action"].startswith("drained: slurm-chaos-health: straggler")
+
+
+def test_disabled_signal_is_not_checked(tmp_path: Path) -> None:
+    hb = tmp_path / "hb"
+    for rank, compute in enumerate([0.05, 0.2]):
+        beat = Heartbeat(hb, "1", rank, f"node{rank + 1}")
+        for step in range(5):
+            beat.update(step, compute, compute, 0.0)
+            beat._last_write = float("-inf")
+    opts = hc.Options(
+        signals=frozenset(SIGNALS) - {"straggler"}, node="node2", heartbeat_dir=hb, gpus_per_node=0
+    )
+    results = hc.run_checks(opts, hc.Inputs(proc=tmp_path, sys=tmp_path))
+    assert "straggler" not in [r.check for r in results]
+    assert hc.remediate(slurm(node_line("node2")), opts, results).did == "none"
+
+
+# ---------------------------------------------------------------- install
+
+
+def test_install_writes_an_executable_hook_with_the_sites_signals(tmp_path: Path) -> None:
+    site = load_site(REPO / "site_configs/h100-ib-example.yaml")
+    hook = hc.install_healthcheck(tmp_path, site, heartbeats=tmp_path / "hb")
+    assert hook == tmp_path / "healthcheck.d" / "50-slurm-chaos"
+    assert os.access(hook, os.X_OK)
+    opts = hc.load_config(tmp_path / hc.CONFIG_NAME)
+    assert opts.signals == set(site.monitoring.healthcheck_signals)
+    assert "gpu_throttle" not in opts.signals  # this site's set-up leaves throttling out
+    assert opts.checkpoint_path == site.checkpoint.path and opts.gpus_per_node == 8
+    assert "export SLURM_CONF=/etc/slurm/slurm.conf" in hook.read_text()
+    # The hook runs as slurmd would run it (here: report only, a node without that checkpoint path).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(hook), "--no-drain", "--node", "nodeX", "--gpus", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == WARNING, done.stdout + done.stderr  # checkpoint path missing here
+    assert "checkpoint: /lustre/scratch/slurm-chaos/checkpoints does not exist" in done.stdout
+    assert "straggler: no running probe rank" in done.stdout and "gpu_throttle" not in done.stdout
+    assert sys.executable in hook.read_text()

@@ -1,0 +1,202 @@
+"""The shipped alert rules and Alertmanager config, checked and unit-tested by promtool/amtool themselves."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ALERTS = Path(__file__).resolve().parents[2] / "site_configs" / "alerts"
+RULES = ALERTS / "slurm-chaos.rules.yml"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing"
+)
+
+RANK = 'job_id="9",rank="1",host="node2",world_size="2"'
+
+
+def promtool_test(tmp_path: Path, tests: list[dict[str, object]]) -> subprocess.CompletedProcess[str]:
+    spec = {"rule_files": [str(RULES)], "evaluation_interval": "2s", "tests": tests}
+    path = tmp_path / "test.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_rules_are_valid() -> None:
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = {r.get("alert") for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    for name in ("ChaosStepTimeRegression", "ChaosStraggler", "ChaosCheckpointFailing", "ChaosNumaMismatch"):
+        assert name in names
+    assert {"ChaosGpuXid", "ChaosGpuThrottle"} <= names
+
+
+@pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing")
+def test_alertmanager_config_is_valid() -> None:
+    done = subprocess.run(
+        ["amtool", "check-config", str(ALERTS / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _alert(labels: dict[str, str], summary: str) -> dict[str, object]:
+    return {"exp_labels": labels, "exp_annotations": {"summary": summary}}
+
+
+def test_straggler_fires_after_its_for_duration_and_resolves(tmp_path: Path) -> None:
+    labels = {"severity": "critical", "signal": "straggler", "job_id": "9", "rank": "1", "host": "node2"}
+    labels["world_size"] = "2"
+    summary = "job 9 rank 1 on node2 is 2.00x slower than its peers"
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                "input_series": [
+                    # Slow from 4 s to 14 s, then healthy again.
+                    {
+                        "series": f"slurm_chaos_probe_straggler_ratio{{{RANK}}}",
+                        "values": "1 1 2 2 2 2 2 2 1 1 1 1",
+                    },
+                    {
+                        "series": f"slurm_chaos_probe_compute_seconds{{{RANK}}}",
+                        "values": "0.1 0.1 0.2x6 0.1x4",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "6s", "alertname": "ChaosStraggler", "exp_alerts": []},
+                    {
+                        "eval_time": "8s",
+                        "alertname": "ChaosStraggler",
+                        "exp_alerts": [_alert(labels, summary)],
+                    },
+                    {"eval_time": "18s", "alertname": "ChaosStraggler", "exp_alerts": []},
+                ],
+            }
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_straggler_needs_a_real_time_difference(tmp_path: Path) -> None:
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                "input_series": [
+                    {"series": f"slurm_chaos_probe_straggler_ratio{{{RANK}}}", "values": "2x10"},
+                    {"series": f"slurm_chaos_probe_compute_seconds{{{RANK}}}", "values": "0.001x10"},
+                ],
+                "alert_rule_test": [{"eval_time": "16s", "alertname": "ChaosStraggler", "exp_alerts": []}],
+            }
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_step_time_regression_against_the_best_job_of_the_same_size(tmp_path: Path) -> None:
+    base = 'job_id="1",rank="0",host="node1",world_size="2"'
+    slow = 'job_id="2",rank="0",host="node3",world_size="2"'
+    other = 'job_id="3",rank="0",host="node3",world_size="4"'
+    labels = {"severity": "warning", "signal": "straggler", "job_id": "2", "world_size": "2"}
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                "input_series": [
+                    {"series": f"slurm_chaos_probe_step_seconds{{{base}}}", "values": "0.1x5 _x20"},
+                    {"series": f"slurm_chaos_probe_step_seconds{{{slow}}}", "values": "_x5 0.2x20"},
+                    {"series": f"slurm_chaos_probe_step_seconds{{{other}}}", "values": "0.5x25"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "14s", "alertname": "ChaosStepTimeRegression", "exp_alerts": []},
+                    {
+                        "eval_time": "20s",
+                        "alertname": "ChaosStepTimeRegression",
+                        "exp_alerts": [
+                            _alert(labels, "job 2: step time 200ms, over 1.5x the best of its size")
+                        ],
+                    },
+                ],
+            }
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Path) -> None:
+    hc = 'node="node3",instance="e",job="slurm-chaos"'
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                "input_series": [
+                    {"series": f"slurm_chaos_probe_checkpoint_failures{{{RANK}}}", "values": "0 0 1 1 1 1"},
+                    {"series": f'slurm_chaos_health_check_ok{{check="numa",{hc}}}', "values": "1 0 0 0 0 0"},
+                    {
+                        "series": f'slurm_chaos_health_check_ok{{check="gpu_xid",{hc}}}',
+                        "values": "1 1 0 0 0 0",
+                    },
+                    {"series": f'slurm_chaos_health_check_ok{{check="gpu_throttle",{hc}}}', "values": "1x5"},
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6s",
+                        "alertname": "ChaosCheckpointFailing",
+                        "exp_alerts": [
+                            _alert(
+                                {
+                                    "severity": "critical",
+                                    "signal": "checkpoint",
+                                    "job_id": "9",
+                                    "host": "node2",
+                                },
+                                "checkpoint writes failing (job 9, node node2)",
+                            )
+                        ],
+                    },
+                    {
+                        "eval_time": "6s",
+                        "alertname": "ChaosNumaMismatch",
+                        "exp_alerts": [
+                            _alert(
+                                {"severity": "warning", "signal": "numa", "check": "numa"} | _hc_labels(),
+                                "ranks bound away from their GPU's NUMA node or squeezed (node node3)",
+                            )
+                        ],
+                    },
+                    {
+                        "eval_time": "6s",
+                        "alertname": "ChaosGpuXid",
+                        "exp_alerts": [
+                            _alert(
+                                {"severity": "critical", "signal": "gpu_xid", "check": "gpu_xid"}
+                                | _hc_labels(),
+                                "GPU Xid error or missing GPU on node3",
+                            )
+                        ],
+                    },
+                    {"eval_time": "8s", "alertname": "ChaosGpuThrottle", "exp_alerts": []},
+                ],
+            }
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _hc_labels() -> dict[str, str]:
+    return {"node": "node3", "instance": "e", "job": "slurm-chaos"}
