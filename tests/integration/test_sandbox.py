@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,3 +86,30 @@ def test_second_sandbox_up_down_is_isolated_and_leaves_nothing(sandbox, tmp_path
     assert layout.bridge not in links
     # The first sandbox is untouched.
     assert Sandbox(sandbox.name).is_up()
+
+
+def test_unreachable_slurm_is_a_clear_error_within_10_s(sandbox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "slurm.conf"
+    text = sandbox.slurm_conf.read_text()
+    port = next(ln for ln in text.splitlines() if ln.startswith("SlurmctldPort="))
+    conf.write_text(text.replace(port, "SlurmctldPort=1"))
+    for name in ("topology.conf", "cgroup.conf"):
+        src = sandbox.slurm_conf.parent / name
+        if src.exists():
+            (tmp_path / name).write_text(src.read_text())
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        (Path(__file__).resolve().parents[1] / "data" / "sites" / "golden.yaml")
+        .read_text()
+        .replace("conf: /etc/slurm/slurm.conf", f"conf: {conf}")
+    )
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "slurm_chaos", "run", "--site", str(site), "control-aa", "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=60,
+    )
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert str(conf) in res.stderr or "controller" in res.stderr.lower(), res.stderr
+    assert elapsed < 10 + 3  # the interpreter's own start-up on a loaded 2-core machine
