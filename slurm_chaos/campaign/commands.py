@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +115,10 @@ def execute(camp: Campaign) -> tuple[str, int]:
     finished = run_campaign(camp)
     if not camp.manifest.experiments:
         return f"no experiment finished; run directory {camp.run_dir}", 1 if finished else 130
+    t0 = time.monotonic()
     text, code = report_dir(camp.run_dir, "table", None)
+    camp.manifest.timings["analyse"] = time.monotonic() - t0
+    camp.save()
     text += f"\nreport: {camp.run_dir / 'report.html'}  (json: report.json, junit: report.xml)\n"
     if not finished:
         text += f"partial: resume with --resume {camp.run_dir}\n"

@@ -142,7 +142,9 @@ def open_campaign(
 def _submit(camp: Campaign, exp: Experiment, role: str, label: str, job_dir: Path) -> JobRecord:
     job_dir.mkdir(parents=True, exist_ok=True)
     script = job_dir.parent / f"{job_dir.name}.sbatch"
+    t0 = time.monotonic()
     script.write_text(render_job(camp.site, exp, role, job_dir, camp.manifest.run_id))
+    camp.manifest.timings[f"{label}.{role}.render"] = time.monotonic() - t0
     script.chmod(0o755)
     try:
         job_id = camp.scheduler.submit(script, env=camp.site.slurm_env())
