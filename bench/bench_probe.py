@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,13 +44,13 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _timed_block(fn: object, world_barrier: object) -> tuple[float, float]:
+def _timed_block(fn: Callable[[], None], world_barrier: Callable[[], None]) -> tuple[float, float]:
     """Wall and CPU seconds of one block (CPU time: this process, all threads)."""
-    world_barrier()  # type: ignore[operator]
+    world_barrier()
     t0, c0 = time.perf_counter(), time.process_time()
-    fn()  # type: ignore[operator]
+    fn()
     c1 = time.process_time()
-    world_barrier()  # type: ignore[operator]
+    world_barrier()
     return time.perf_counter() - t0, c1 - c0
 
 
@@ -69,7 +70,10 @@ def worker(a: argparse.Namespace) -> None:
         torch.cuda.set_device(device)
     torch.set_num_threads(1)
     init_process_group(rv, "nccl" if cuda else "gloo", 60)
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
 
     def barrier() -> None:
         sync()
@@ -122,17 +126,40 @@ def worker(a: argparse.Namespace) -> None:
             w, c = _timed_block(fn, barrier)
             wall[name].append(w / a.block)
             cpu[name].append(c / a.block)
-        pair = [
+        pair: list[tuple[str, Callable[[], float]]] = [
             ("probe", lambda: allreduce_size(a.ar_bytes, a.ar_iters, 3, device, rv.world_size).busbw),
             ("bare", bare_allreduce),
         ]
-        for name, fn in pair if r % 2 == 0 else pair[::-1]:
+        for bw_name, bw_fn in pair if r % 2 == 0 else pair[::-1]:
             barrier()
-            (bw_probe if name == "probe" else bw_bare).append(fn())
+            (bw_probe if bw_name == "probe" else bw_bare).append(bw_fn())
+    bookkeeping = _bookkeeping_cost(cfg, rv, writer)
     writer.close()
     if rv.rank == 0:
-        _report(a, rv.world_size, wall, cpu, bw_probe, bw_bare, "nccl" if cuda else "gloo")
+        _report(a, rv.world_size, wall, cpu, bw_probe, bw_bare, "nccl" if cuda else "gloo", bookkeeping)
     dist.destroy_process_group()
+
+
+class _NullTrainer:
+    """A trainer whose steps take no time: what is left of a step is the probe's own bookkeeping."""
+
+    def step(self, step: int) -> object:
+        from slurm_chaos.probe.workload import StepTimes
+
+        return StepTimes(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def _bookkeeping_cost(cfg: object, rv: object, writer: object, steps: int = 5000) -> float:
+    """Seconds per step of the probe loop around a step that costs nothing (timers, records, flushes).
+
+    With no work, the writer flushes every `flush_every` steps instead of once a second, so this is
+    an upper bound of what a real step pays.
+    """
+    from slurm_chaos.probe import run as probe_run
+
+    t0 = time.perf_counter()
+    probe_run.train_loop(replace(cfg, steps=steps), rv, _NullTrainer(), writer, None, None, 0)  # type: ignore[arg-type, type-var]
+    return (time.perf_counter() - t0) / steps
 
 
 def _report(
@@ -143,6 +170,7 @@ def _report(
     bw_probe: list[float],
     bw_bare: list[float],
     backend: str,
+    bookkeeping: float,
 ) -> None:
     """Print the table; on a shared machine the best block of each variant is the honest figure.
 
@@ -168,6 +196,11 @@ def _report(
     ]
     for label, x, y, ratio, goal in rows:
         print(f"{label:34}{x:12.4f}{y:12.4f}{ratio:10.4f}{goal:>10}")
+    direct = bookkeeping / min(wall["p"])
+    print(
+        f"  bookkeeping per step measured alone (null workload): {1e6 * bookkeeping:.1f} us = "
+        f"{100 * direct:.2f} % of the best plain step (upper bound; goal <= 1 %)"
+    )
     print(
         f"  per-round wall ratios: min {min(paired):.3f} median {med(paired):.3f} max {max(paired):.3f}; "
         f"allreduce {a.ar_bytes} B x {a.ar_iters} iterations per round"
@@ -176,6 +209,8 @@ def _report(
         json.dumps(
             {
                 "overhead_best_block": best - 1,
+                "bookkeeping_per_step": bookkeeping,
+                "overhead_bookkeeping": direct,
                 "overhead_cpu": cpu_ratio - 1,
                 "overhead_median_paired": med(paired) - 1,
                 "step_time_instrumented_best": min(wall["i"]),

@@ -7,7 +7,10 @@ both side by side with the ratio of medians B/A and its bootstrap 95% interval. 
     python bench/bench_spank_launch.py --sandbox NAME [--reps 40]
 
 plugstack.conf is restored to its previous content at the end. Also: ``--fuzz SECONDS`` runs
-the parser fuzzer for that long first (``make -C spank_plugin fuzz``).
+the parser fuzzer for that long first (``make -C spank_plugin fuzz``); ``--null-plugin`` times a
+do-nothing SPANK plugin too; ``--micro`` prints the plugin's own per-process cost (dlopen and
+callbacks against stubbed SPANK, ``make -C spank_plugin bench-noop``), which load on a shared
+machine cannot blur.
 """
 
 from __future__ import annotations
@@ -184,6 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="also time a do-nothing SPANK plugin (C), to attribute the overhead",
     )
+    parser.add_argument(
+        "--micro",
+        action="store_true",
+        help="also measure the plugin's own no-op cost per process (make bench-noop)",
+    )
     parser.add_argument("--json", action="store_true", help="also print raw times as JSON")
     parser.add_argument(
         "--fuzz", type=int, default=0, metavar="SECONDS", help="first fuzz the parsers this long"
@@ -191,7 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fuzz:
         subprocess.run(["make", "-C", str(PLUGIN_DIR), "fuzz", f"FUZZ_LONG_SECONDS={args.fuzz}"], check=True)
-    return run(args)
+    rc = run(args)
+    if args.micro:
+        # Attribution: dlopen + callbacks of the plugin vs a do-nothing plugin, per srun/slurmstepd.
+        micro = subprocess.run(
+            ["make", "-s", "-C", str(PLUGIN_DIR), "bench-noop"], capture_output=True, text=True, check=True
+        )
+        print("\n".join(line for line in micro.stdout.splitlines() if " us," in line))
+    return rc
 
 
 if __name__ == "__main__":

@@ -141,12 +141,15 @@ def _plugin_install(args: argparse.Namespace) -> int:
     result = install_plugin(args.site, args.prefix, SubprocessRunner())
     print(f"installed {result.plugin_path}")
     print(f"{result.plugstack_path}: {result.line}")
-    try:
-        from slurm_chaos.faults.install_hooks import install_site_hooks
-    except ImportError:
-        return 0
+    from slurm_chaos.faults.install_hooks import install_site_hooks
+    from slurm_chaos.observe.healthcheck import install_healthcheck
+    from slurm_chaos.site import load_site
+
     for path in install_site_hooks(args.site):
         print(f"hook {path}")
+    site = load_site(args.site)
+    if site.slurm.hooks_dir:
+        print(f"health check {install_healthcheck(Path(site.slurm.hooks_dir), site)}")
     return 0
 
 

@@ -80,6 +80,7 @@ class Checkpoint:
 class Monitoring:
     prometheus: str | None = None
     alertmanager: str | None = None
+    heartbeat_dir: str | None = None
     healthcheck_signals: tuple[str, ...] = ()
 
 
@@ -300,6 +301,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         monitoring=Monitoring(
             prometheus=mon.get("prometheus"),
             alertmanager=mon.get("alertmanager"),
+            heartbeat_dir=mon.get("heartbeat_dir"),
             healthcheck_signals=tuple(mon.get("healthcheck_signals", ())),
         ),
     )

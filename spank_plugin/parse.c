@@ -693,8 +693,8 @@ static int parse_list(const char *arg, const char *value, struct chaos_list *l, 
 			fmt(err, errlen, "plugstack argument '%s': more than %d entries", arg, CHAOS_LIST_MAX);
 			return -1;
 		}
-		memcpy(l->item[l->n], p, n);
-		l->item[l->n++][n] = '\0';
+		l->item[l->n].p = p;
+		l->item[l->n++].len = n;
 		if (!comma)
 			return 0;
 		p = comma + 1;
@@ -756,10 +756,15 @@ int chaos_parse_args(int ac, char *const *av, struct chaos_config *cfg, char *er
 	return 0;
 }
 
+static int name_is(const struct chaos_name *item, const char *name)
+{
+	return name && strlen(name) == item->len && !memcmp(item->p, name, item->len);
+}
+
 int chaos_list_contains(const struct chaos_list *l, const char *name)
 {
 	for (size_t i = 0; i < l->n; i++)
-		if (!strcmp(l->item[i], "*") || (name && !strcmp(l->item[i], name)))
+		if (name_is(&l->item[i], "*") || name_is(&l->item[i], name))
 			return 1;
 	return 0;
 }

@@ -99,10 +99,19 @@ void chaos_format_fixed(double v, char *buf, size_t len);
 
 /* --- plugstack.conf arguments -------------------------------------------------------- */
 
+/*
+ * Entries point into the argument strings (Slurm keeps a plugin's argv for its lifetime): no
+ * copies, so the no-op path of every step touches a few hundred bytes, not kilobytes.
+ */
+struct chaos_name {
+	const char *p;
+	size_t len;
+};
+
 struct chaos_list {
 	int set;                        /* the argument was given */
 	size_t n;
-	char item[CHAOS_LIST_MAX][CHAOS_NAME_MAX];
+	struct chaos_name item[CHAOS_LIST_MAX];
 };
 
 struct chaos_config {
@@ -113,7 +122,10 @@ struct chaos_config {
 
 #define CHAOS_DEFAULT_JOURNAL_DIR "/var/lib/slurm-chaos/journal"
 
-/* Parse "allow_users=a,b" ... arguments; returns 0 or -1 with the bad argument named in err. */
+/*
+ * Parse "allow_users=a,b" ... arguments; returns 0 or -1 with the bad argument named in err.
+ * The lists point into av, which must outlive cfg.
+ */
 int chaos_parse_args(int ac, char *const *av, struct chaos_config *cfg, char *err, size_t errlen);
 
 /* 1 if name (or "*") is in the list. */

@@ -208,13 +208,16 @@ static int mkdir_p(const char *dir)
 	return (mkdir(path, 0755) && errno != EEXIST) ? -1 : 0;
 }
 
-/* The node name slurmd knows this node by (SLURMD_NODENAME), else the short hostname. */
-static void node_name(spank_t sp, char *buf, size_t len)
+/*
+ * This node's name: the short hostname. Not SLURMD_NODENAME from the step's environment: for
+ * an srun step that is the value srun inherited (e.g. the batch host's), not this node's.
+ * Sites whose NodeName differs from the hostname get the plugin's records in a separate
+ * <hostname> directory, which cleanup also walks.
+ */
+static void node_name(char *buf, size_t len)
 {
 	char *dot;
 
-	if (sp && spank_getenv(sp, "SLURMD_NODENAME", buf, (int)len) == ESPANK_SUCCESS && buf[0])
-		return;
 	if (gethostname(buf, len - 1))
 		snprintf(buf, len, "unknown");
 	buf[len - 1] = '\0';
@@ -273,7 +276,7 @@ static int journal(spank_t sp, const struct step_ids *ids, const char *fault, co
 	long seq;
 	int fd, n, rc = -1;
 
-	node_name(sp, node, sizeof(node));
+	node_name(node, sizeof(node));
 	clock_gettime(CLOCK_REALTIME, &ts);
 	if (strchr(node, '/') || chaos_json_string(fault, jfault, sizeof(jfault)) ||
 	    chaos_json_string(action, jaction, sizeof(jaction)) ||
@@ -594,10 +597,15 @@ static int local_post_opt(spank_t sp)
 		return 0;
 	f.uid = getuid();
 	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
-	/* Inside an allocation these are Slurm's own; otherwise the node decides. */
-	f.account = getenv("SLURM_JOB_ACCOUNT");
-	f.partition = getenv("SLURM_JOB_PARTITION");
-	f.reservation = getenv("SLURM_JOB_RESERVATION");
+	/*
+	 * srun inside an allocation launches a step of that job: its SLURM_JOB_* are the job's.
+	 * sbatch/salloc submit a new job, which the environment does not describe: the node decides.
+	 */
+	if (spank_context() == S_CTX_LOCAL && getenv("SLURM_JOB_ID")) {
+		f.account = getenv("SLURM_JOB_ACCOUNT");
+		f.partition = getenv("SLURM_JOB_PARTITION");
+		f.reservation = getenv("SLURM_JOB_RESERVATION");
+	}
 	f.exclusive = -1;
 	if (chaos_policy_check(&cfg, &f, 0, err, sizeof(err))) {
 		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_chaos.analysis.model import Comparison, StragglerScore, comparison_json
-from slurm_chaos.analysis.regression import ALPHA, compare_runs
+from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT, compare_runs
 from slurm_chaos.analysis.report import (
     RENDERERS,
     REPORT_FILES,
@@ -19,7 +19,7 @@ from slurm_chaos.analysis.report import (
     render_junit,
 )
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
-from slurm_chaos.errors import UsageError
+from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.reader import read_run
 
 COMPARE_FORMATS = ("text", "table", "json")
@@ -35,12 +35,15 @@ def _compare_record(c: Comparison, slow: tuple[StragglerScore, ...], waiters: in
     return record
 
 
-def compare_dirs(baseline: Path, fault: Path, fmt: str) -> str:
-    """Compare two probe run directories; JSON or an aligned text summary."""
+def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_EFFECT) -> str:
+    """Compare two probe run directories; JSON or an aligned text summary.
+
+    ``min_effect`` is the practical threshold below which no change is called significant.
+    """
     if fmt not in COMPARE_FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(COMPARE_FORMATS)}")
     base_run, fault_run = read_run(baseline), read_run(fault)
-    c = compare_runs(base_run, fault_run)
+    c = compare_runs(base_run, fault_run, min_effect=min_effect)
     # Score ranks where the fault acted: from the detected onset, or after the warm-up.
     scores = straggler_scores(
         fault_run, slice(c.fault_warmup_steps if c.onset_step is None else c.onset_step, None)
@@ -98,10 +101,12 @@ def report_dir(run_dir: Path, fmt: str, out: Path | None) -> tuple[str, int]:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(REPORT_FORMATS)}")
     report = analyse_run(run_dir)
     documents = {"html": render_html(report), "json": render_json(report), "junit": render_junit(report)}
-    for kind, text in documents.items():
-        (run_dir / REPORT_FILES[kind]).write_text(text)
     rendered = documents.get(fmt) or RENDERERS[fmt](report)
-    if out is not None:
-        out.write_text(rendered)
+    targets = [(run_dir / REPORT_FILES[kind], text) for kind, text in documents.items()]
+    for path, text in targets + ([(out, rendered)] if out is not None else []):
+        try:
+            path.write_text(text)
+        except OSError as exc:
+            raise ChaosError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
     printed = f"wrote {out or run_dir / REPORT_FILES['html']}\n" if fmt == "html" else rendered
     return printed, exit_code(report.results)

@@ -17,7 +17,7 @@ from slurm_chaos.analysis.model import (
     ObservationLog,
     load_observations,
 )
-from slurm_chaos.analysis.regression import JobSeries, compare_series, job_series
+from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
@@ -39,10 +39,14 @@ PROBE_EVENT_SIGNALS = {
 
 @dataclass(frozen=True)
 class Manifest:
+    """``manifest.json`` of a run directory; ``min_effect`` (optional) overrides the practical
+    threshold, e.g. with an A/A calibration's ``min_effect_for_1pct`` for a noisy cluster."""
+
     run_id: str
     site: str
     started: str
     experiments: tuple[str, ...]
+    min_effect: float = MIN_EFFECT
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,16 @@ def load_manifest(run_dir: Path) -> Manifest:
         raise DataError(f"{path}: experiments: expected a list of experiment names")
     if len(set(names)) != len(names):
         raise DataError(f"{path}: experiments: names repeat")
-    return Manifest(str(raw["run_id"]), str(raw.get("site", "")), str(raw.get("started", "")), tuple(names))
+    min_effect = raw.get("min_effect", MIN_EFFECT)
+    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 10:
+        raise DataError(f"{path}: min_effect: expected a fraction such as 0.02, got {min_effect!r}")
+    return Manifest(
+        str(raw["run_id"]),
+        str(raw.get("site", "")),
+        str(raw.get("started", "")),
+        tuple(names),
+        float(min_effect),
+    )
 
 
 def _read_side(exp_dir: Path, side: str) -> RunData:
@@ -134,7 +147,7 @@ def _fault_steps(series: JobSeries, window: FaultWindow, warmup: int) -> npt.NDA
     return mask if mask.any() else np.ones(len(t), dtype=np.bool_)
 
 
-def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
+def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT) -> ExperimentAnalysis:
     """Compare, localise stragglers and judge one experiment."""
     if not exp_dir.is_dir():
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
@@ -147,7 +160,7 @@ def analyse_experiment(exp_dir: Path, name: str) -> ExperimentAnalysis:
             "they must run the same job shape"
         )
     b, f = job_series(baseline), job_series(fault)
-    comparison = compare_series(b, f, log.fault_window)
+    comparison = compare_series(b, f, log.fault_window, min_effect=min_effect)
     steps = _fault_steps(f, log.fault_window, comparison.fault_warmup_steps)
     scores = straggler_scores(fault, steps)
     log = replace(log, observations=_merged(log, probe_observations(fault)))

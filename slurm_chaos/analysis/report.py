@@ -42,7 +42,9 @@ class RunReport:
 def analyse_run(run_dir: Path) -> RunReport:
     """Analyse every experiment the manifest lists; bad input raises DataError naming the file."""
     manifest = load_manifest(run_dir)
-    analyses = tuple(analyse_experiment(run_dir / "experiments" / n, n) for n in manifest.experiments)
+    analyses = tuple(
+        analyse_experiment(run_dir / "experiments" / n, n, manifest.min_effect) for n in manifest.experiments
+    )
     return RunReport(manifest, analyses)
 
 

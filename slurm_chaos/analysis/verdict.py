@@ -102,7 +102,7 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
                 Verdict.INCONCLUSIVE, _noisy_reason(c) + f"; no {'/'.join(e.detect_signals)}{late}"
             )
         if e.expect_regression:
-            return verdict(Verdict.NO_EFFECT, "no significant slowdown and no detection: did the fault take?")
+            return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "detection"))
         return verdict(Verdict.BLIND_SPOT, f"expected {'/'.join(e.detect_signals)} in time, none seen{late}")
     if missing:
         return verdict(Verdict.NOT_RECOVERED, missing)
@@ -112,8 +112,17 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
     if e.expect_regression and not slowed and hit is None:
         if noisy:
             return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c))
-        return verdict(Verdict.NO_EFFECT, "no significant slowdown and no signal: did the fault take?")
+        return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "signal"))
     return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr))
+
+
+def _no_effect_reason(c: Comparison | None, missing: str) -> str:
+    reason = f"no significant slowdown and no {missing}: did the fault take?"
+    if c is not None and c.significant and c.regression < 0:
+        # A fault run faster than its baseline points at the baseline (a busier machine then).
+        faster = 100 * -c.regression
+        reason += f" (the fault run was {faster:.0f}% faster than its baseline: was the baseline disturbed?)"
+    return reason
 
 
 def _noisy_reason(c: Comparison | None) -> str:

@@ -94,6 +94,11 @@ def start(
     if opts.dry_run:
         return describe_plan(site, experiments)
     scheduler = _scheduler(site)
+    if site.slurm.hooks_dir:
+        # The health check must watch this site's signals (a weaker site config checks fewer).
+        from slurm_chaos.observe.healthcheck import install_healthcheck
+
+        install_healthcheck(Path(site.slurm.hooks_dir), site)
     return open_campaign(
         site,
         experiments,

@@ -48,8 +48,11 @@ from slurm_chaos.hostlist import expand_hostlist
 from slurm_chaos.runner import Runner, SubprocessRunner
 
 DEFAULT_DEADLINE_S = 24 * 3600.0
-#: How often the watchdog asks the controller whether the job still runs.
+#: How often the watchdog asks the controller whether the job still runs; every node of the job
+#: asks, so big jobs ask less often (one query per node per JOB_CHECK_NODES_PER_S nodes seconds).
 JOB_CHECK_EVERY_S = 15.0
+JOB_CHECK_NODES_PER_S = 10.0
+FIRST_CHECK_AFTER_S = 5.0
 #: Slack after the job's own time limit before the watchdog gives up waiting for the epilog.
 TIME_LIMIT_GRACE_S = 120.0
 STOP_GRACE_S = 5.0
@@ -154,7 +157,7 @@ class Watchdog:
             return "deadline"
         if now < self.next_check:
             return None
-        self.next_check = now + JOB_CHECK_EVERY_S
+        self.next_check = now + max(JOB_CHECK_EVERY_S, len(self.ctx.nodes) / JOB_CHECK_NODES_PER_S)
         if self.ctx.journal.read().closed:
             return "journal closed"
         if not self.limit_known:
@@ -185,7 +188,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 def run_loop(ctx: JobContext, controllers: list[Controller], runner: Runner) -> str:
     """Drive the controllers until the watchdog ends the agent; then revert unless told to stop."""
-    watchdog = Watchdog(ctx, runner, ctx.deadline)
+    # The first look at the job waits a little: other nodes' prologs may still be running.
+    watchdog = Watchdog(ctx, runner, ctx.deadline, next_check=time.time() + FIRST_CHECK_AFTER_S)
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     reason = "stopped"

@@ -9,11 +9,14 @@ journal), else run the Python hook bounded by ``timeout``; it exits 0 whatever h
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import slurm_chaos
+from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
 from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.site import Site, load_site
 
 HOOK_NAME = "50-slurm-chaos"
 DEFAULT_LOG = Path("/var/log/slurm-chaos/agent.log")
@@ -114,3 +117,32 @@ def uninstall_hooks(hooks_dir: Path) -> list[Path]:
             path.unlink()
             removed.append(path)
     return removed
+
+
+def site_journal_root(site: Site) -> Path:
+    """The journal root that a site's hooks, SPANK plugin and ``cleanup`` share.
+
+    Each sandbox gets its own (``<sandbox root>/journal``, next to its etc): node names and job
+    ids repeat from one sandbox to the next on the same machine. A real site uses DEFAULT_ROOT.
+    """
+    if site.sandbox and site.slurm.hooks_dir:
+        return Path(site.slurm.hooks_dir).parent / "journal"
+    return DEFAULT_ROOT
+
+
+def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> list[Path]:
+    """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root()."""
+    site = load_site(site_path)
+    if not site.slurm.hooks_dir:
+        raise ConfigError(str(site_path), "slurm.hooks_dir", "needed to install the prolog/epilog hooks")
+    hooks_dir = Path(site.slurm.hooks_dir)
+    if site.sandbox:
+        root = hooks_dir.parent
+        return install_hooks(
+            hooks_dir,
+            python,
+            journal_root=site_journal_root(site),
+            log_file=root / "log" / "slurm-chaos-agent.log",
+            spec_dir=root / "shared" / "chaos-spec",
+        )
+    return install_hooks(hooks_dir, python, journal_root=site_journal_root(site))

@@ -1,11 +1,14 @@
-"""A genuinely full checkpoint volume: a small tmpfs on the checkpoint path, filled with ballast.
+"""A genuinely full checkpoint volume: a small, filled tmpfs under an overlay on the checkpoint path.
 
-The tmpfs is mounted in the node's mount namespace (the prolog runs in slurmd's, and the job's
+Everything is mounted in the node's mount namespace (the prolog runs in slurmd's, and the job's
 tasks inherit it), so only this node's job sees it; the shared filesystem underneath is never
 filled, which matters when it is shared with other jobs (or, on the sandbox, with the host).
-While mounted it hides whatever the path held: a restart from an earlier checkpoint will not
-find it, as on a volume that was replaced. The ballast file takes every free block but `leave`
-bytes (rounded up to the page size), so statfs, df and write(2) all see a full volume.
+
+A small tmpfs is mounted on a staging directory (``/run/slurm-chaos/ckpt-<node>-<job>``) and
+filled with ballast but `leave` bytes (rounded up to the page size); an overlay then puts it over
+the checkpoint path as the writable layer. The job still reads the checkpoints already there (a
+restart works), but statfs, df and every write see a full volume. Where overlayfs cannot use the
+path as its lower layer, the tmpfs is bind-mounted over the path instead, hiding what it held.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
-from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, log, num, text
 from slurm_chaos.faults.spec import FaultRequest
 
 BALLAST = ".slurm-chaos-ballast"
+STAGING_ROOT = Path("/run/slurm-chaos")
 PAGE = 4096
 #: Room for the ballast itself, so that the volume is full even when `leave` is 0.
 SLACK = 64 * 1024
@@ -70,38 +74,86 @@ def mounts_at(show: str, target: str) -> list[str]:
     return out
 
 
+def _mkdir_journalled(req: FaultRequest, ctx: JobContext, path: Path, owner: bool) -> None:
+    """Create `path` and any missing parents, each journalled (undo removes them deepest first)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        ctx.journal.record(
+            req.name,
+            f"mkdir {directory}",
+            Undo(action="rmdir_if_empty", data={"path": str(directory)}),
+            ctx.deadline,
+        )
+        directory.mkdir(exist_ok=True)
+        if owner and ctx.uid is not None:
+            os.chown(directory, ctx.uid, ctx.gid if ctx.gid is not None else -1)
+
+
+def check_user_path(path: Path, uid: int | None) -> None:
+    """Refuse a checkpoint path the job's user could not create or write themselves.
+
+    The prolog runs as root and mounts on the path the SPEC names: without this a user allowed to
+    inject could cover /etc, or have root create directories for them in places they cannot write.
+    """
+    if uid is None or uid == 0:
+        return
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    st = existing.stat()
+    if st.st_uid != uid:
+        raise ChaosError(
+            f"ckpt-full: {existing} (on the way to {path}) belongs to uid {st.st_uid}, not to the job's "
+            f"user {uid}: refusing to mount over or create directories there"
+        )
+
+
+def _mount(req: FaultRequest, ctx: JobContext, argv: list[str], target: Path, source: str) -> bool:
+    """Journal, then mount; False if the mount failed (its entry then undoes nothing)."""
+    ctx.journal.record(
+        req.name,
+        " ".join(argv),
+        Undo(action="umount_ours", data={"target": str(target), "source": source}),
+        ctx.deadline,
+    )
+    res = ctx.runner(argv, timeout=10)
+    if not res.ok:
+        log.warning("ckpt-full: %s: %s", " ".join(argv), res.stderr.strip()[:200])
+    return res.ok
+
+
 @applies("ckpt-full")
 def apply_ckpt_full(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     path = Path(text(req, "path"))
     if not path.is_absolute():
         raise ChaosError(f"ckpt-full: path {path} must be absolute")
     leave = int(num(req, "leave"))
-    if not path.exists():
-        ctx.journal.record(
-            req.name, f"mkdir {path}", Undo(action="rmdir_if_empty", data={"path": str(path)}), ctx.deadline
-        )
-        path.mkdir(parents=True)
-        if ctx.uid is not None:
-            os.chown(path, ctx.uid, ctx.gid if ctx.gid is not None else -1)
     source = tmpfs_source(ctx.job_id)
-    opts = f"size={tmpfs_size(leave)},mode=0755"
-    if ctx.uid is not None:
-        opts += f",uid={ctx.uid}"
-    if ctx.gid is not None:
-        opts += f",gid={ctx.gid}"
-    argv = ["mount", "-t", "tmpfs", "-o", opts, source, str(path)]
-    ctx.journal.record(
-        req.name,
-        " ".join(argv),
-        Undo(action="umount_ours", data={"target": str(path), "source": source}),
-        ctx.deadline,
-    )
-    res = ctx.runner(argv, timeout=10)
-    check(res.ok, " ".join(argv), res.stderr)
-    size = fill(path, leave)
-    st = os.statvfs(path)
+    check_user_path(path, ctx.uid)
+    _mkdir_journalled(req, ctx, path, owner=True)
+    staging = STAGING_ROOT / f"ckpt-{ctx.node}-{ctx.job_id}"
+    # slurm-chaos's own directory stays, as /var/lib/slurm-chaos does: removing it would race
+    # with another job creating its staging directory in it.
+    STAGING_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _mkdir_journalled(req, ctx, staging, owner=False)
+    argv = ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_size(leave)},mode=0700", source, str(staging)]
+    if not _mount(req, ctx, argv, staging, source):
+        raise ChaosError(f"ckpt-full: cannot mount a tmpfs on {staging}")
+    upper, work = staging / "upper", staging / "work"
+    upper.mkdir()
+    work.mkdir()
+    # The overlay's root takes the upper layer's owner and mode: make them the path's own.
+    st = os.stat(path)
+    os.chown(upper, st.st_uid, st.st_gid)
+    upper.chmod(st.st_mode & 0o7777)
+    size = fill(staging, leave)
+    opts = f"lowerdir={path},upperdir={upper},workdir={work}"
+    if not _mount(req, ctx, ["mount", "-t", "overlay", "-o", opts, source, str(path)], path, source):
+        log.warning("ckpt-full: no overlay on %s: the full tmpfs hides what the path held", path)
+        bind = ["mount", "--bind", str(upper), str(path)]
+        if not _mount(req, ctx, bind, path, source):
+            raise ChaosError(f"ckpt-full: cannot mount the full volume on {path}")
+    vfs = os.statvfs(path)
     log.info(
-        "ckpt-full: %s is full (%d bytes of ballast, %d bytes free)", path, size, st.f_bavail * st.f_frsize
+        "ckpt-full: %s is full (%d bytes of ballast, %d bytes free)", path, size, vfs.f_bavail * vfs.f_frsize
     )
     return []
 
@@ -113,7 +165,8 @@ def _umount_ours(data: Mapping[str, Json], ctx: UndoContext) -> str:
     show = ctx.runner(["findmnt", "-rn", "-o", "SOURCE,TARGET"], timeout=10)
     if not show.ok:
         raise UndoFailed(f"findmnt: {show.stderr.strip()}")
-    stack = mounts_at(show.stdout, target)
+    # A bind mount of a tmpfs subdirectory shows as SOURCE[/subdir].
+    stack = [src.split("[", 1)[0] for src in mounts_at(show.stdout, target)]
     if source not in stack:
         return f"{target}: {source} not mounted"
     if stack[-1] != source:

@@ -133,14 +133,20 @@ def install_plugin(
     prefix: Path | str,
     runner: Runner,
     *,
-    journal_dir: str = DEFAULT_JOURNAL_DIR,
+    journal_dir: str | None = None,
 ) -> InstallResult:
-    """Build and install the plugin, then write its line into the site's plugstack.conf."""
+    """Build and install the plugin, then write its line into the site's plugstack.conf.
+
+    The journal directory defaults to the one the site's prolog/epilog hooks and ``cleanup``
+    use (``site_journal_root``): the plugin appends to the same per-node journal files.
+    """
+    from slurm_chaos.faults.install_hooks import site_journal_root
+
     site = load_site(site_conf_path)
     if not site.slurm.plugstack_conf:
         raise ConfigError(str(site_conf_path), "slurm.plugstack_conf", "needed to install the SPANK plugin")
     try:
-        args = PluginArgs.from_safety(site.safety, journal_dir)
+        args = PluginArgs.from_safety(site.safety, journal_dir or str(site_journal_root(site)))
         args.render()
     except ValueError as exc:
         raise ConfigError(str(site_conf_path), "safety", str(exc)) from exc

@@ -33,7 +33,7 @@ from slurm_chaos.observe.heartbeat import Beat, read_heartbeats, straggler_ratio
 
 log = logging.getLogger(__name__)
 
-RANK_LABELS = ["job_id", "rank", "host", "world_size"]
+RANK_LABELS = ["job_id", "rank", "host", "world_size", "mode"]
 # A node's health result older than this is from a check that no longer runs.
 HEALTH_STALE_S = 120.0
 
@@ -60,7 +60,7 @@ class Sources:
 
 
 def _rank_labels(b: Beat) -> list[str]:
-    return [b.job_id, str(b.rank), b.host, str(b.world_size)]
+    return [b.job_id, str(b.rank), b.host, str(b.world_size), b.mode]
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:

@@ -198,30 +198,35 @@ class Inputs:
     kmsg: Path = Path("/dev/kmsg")
 
 
+def _gpu_results(opts: Options, facts: checks.GpuFacts, kmsg: Path) -> list[Result]:
+    out = []
+    if "gpu_xid" in opts.signals:
+        if facts.expected != 0:
+            facts = replace(facts, xids=tuple(checks.parse_kmsg(checks.read_kmsg(kmsg))))
+        # Kernel log timestamps count from boot on the monotonic clock.
+        out.append(checks.check_gpu_xid(facts, opts.thresholds, time.monotonic()))
+    if "gpu_ecc" in opts.signals:
+        out.append(checks.check_gpu_ecc(facts))
+    if "gpu_throttle" in opts.signals:
+        out.append(checks.check_gpu_throttle(facts, opts.thresholds))
+    return out
+
+
 def run_checks(opts: Options, inputs: Inputs = Inputs(), now: float | None = None) -> list[Result]:
     """Every enabled check, in a fixed order (GPU first: those are the causes behind slow steps)."""
     now = time.time() if now is None else now
     th = opts.thresholds
     beats = read_heartbeats(opts.heartbeats) if opts.signals & {"numa", "checkpoint", "straggler"} else []
-    results = []
     gpu_checks = opts.signals & {"gpu_xid", "gpu_ecc", "gpu_throttle"}
     # The NUMA check needs each GPU's NUMA node too.
     facts = checks.read_gpus(opts.gpus_per_node, inputs.sys) if gpu_checks or "numa" in opts.signals else None
-    if facts is not None and gpu_checks:
-        if "gpu_xid" in opts.signals and facts.expected != 0:
-            facts = replace(facts, xids=tuple(checks.parse_kmsg(checks.read_kmsg(inputs.kmsg))))
-            results.append(checks.check_gpu_xid(facts, th, time.monotonic()))
-        elif "gpu_xid" in opts.signals:
-            results.append(checks.check_gpu_xid(facts, th, time.monotonic()))
-        if "gpu_ecc" in opts.signals:
-            results.append(checks.check_gpu_ecc(facts))
-        if "gpu_throttle" in opts.signals:
-            results.append(checks.check_gpu_throttle(facts, th))
+    results = _gpu_results(opts, facts, inputs.kmsg) if facts is not None and gpu_checks else []
     if "numa" in opts.signals:
         gpu_numa = {g.index: g.numa_node for g in facts.gpus} if facts is not None else {}
         tasks = checks.scan_tasks(opts.node, inputs.proc)
-        layout = checks.numa_layout(inputs.sys)
-        results.append(checks.check_numa(opts.node, tasks, layout, gpu_numa, beats, th, now))
+        results.append(
+            checks.check_numa(opts.node, tasks, checks.numa_layout(inputs.sys), gpu_numa, beats, th, now)
+        )
     if "checkpoint" in opts.signals:
         results.append(checks.check_checkpoint(opts.node, opts.checkpoint_path, beats, th, now))
     if "straggler" in opts.signals:
@@ -330,6 +335,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs
 
 def site_options(site: Site, heartbeats: Path | None = None, states: Path | None = None) -> Options:
     """The options a site's config file holds: its enabled signals, checkpoint path and GPU count."""
+    if heartbeats is None and getattr(site.monitoring, "heartbeat_dir", None):
+        heartbeats = Path(getattr(site.monitoring, "heartbeat_dir"))  # noqa: B009 - a key sites may not have yet
     if heartbeats is None and site.sandbox:
         from slurm_chaos.observe.monitoring import sandbox_heartbeat_dir
 

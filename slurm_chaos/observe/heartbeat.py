@@ -59,6 +59,7 @@ class Beat:
     numa_mismatch: bool = False
     world_size: int = 0
     pid: int = 0
+    mode: str = "train"
 
     def age(self, now: float | None = None) -> float:
         return (time.time() if now is None else now) - self.time
@@ -80,6 +81,7 @@ class Heartbeat:
         rank: int,
         host: str,
         world_size: int = 0,
+        mode: str = "train",
         window: int = WINDOW,
         min_interval: float = MIN_INTERVAL_S,
         clock: Callable[[], float] = time.time,
@@ -87,6 +89,7 @@ class Heartbeat:
         self.directory = heartbeat_dir(directory)
         self.path = self.directory / f"{job_id}.{rank}.json"
         self.job_id, self.rank, self.host, self.world_size = str(job_id), rank, host, world_size
+        self.mode = mode
         self.min_interval = min_interval
         self.clock = clock
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=window)
@@ -122,6 +125,7 @@ class Heartbeat:
             bool(numa_mismatch),
             self.world_size,
             os.getpid(),
+            self.mode,
         )
         try:
             write_atomic(self.path, json.dumps(asdict(beat)))
@@ -172,6 +176,7 @@ def parse_beat(text: str) -> Beat | None:
             numa_mismatch=bool(data.get("numa_mismatch", False)),
             world_size=int(data.get("world_size", 0)),
             pid=int(data.get("pid", 0)),
+            mode=str(data.get("mode", "train")),
         )
     except (ValueError, KeyError, TypeError):
         return None

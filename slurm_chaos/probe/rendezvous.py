@@ -204,11 +204,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_process_group(rv: Rendezvous, backend: str, timeout_s: float) -> None:
-    """Form the torch.distributed group, or raise :class:`RendezvousTimeout` naming the silent host."""
+def init_process_group(
+    rv: Rendezvous, backend: str, timeout_s: float, collective_timeout_s: float | None = None
+) -> None:
+    """Form the torch.distributed group, or raise :class:`RendezvousTimeout` naming the silent host.
+
+    `timeout_s` bounds the rendezvous; `collective_timeout_s` (default: the same) bounds how long a
+    collective waits for a peer later on.
+    """
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
+    collective = datetime.timedelta(seconds=collective_timeout_s or timeout_s)
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             rv.master_addr,
@@ -220,7 +227,7 @@ def init_process_group(rv: Rendezvous, backend: str, timeout_s: float) -> None:
         )
     except (RuntimeError, OSError) as exc:
         raise RendezvousTimeout(_timeout_message(rv, timeout_s, exc)) from exc
-    dist.init_process_group(backend, store=store, rank=rv.rank, world_size=rv.world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rv.rank, world_size=rv.world_size, timeout=collective)
 
 
 def _timeout_message(rv: Rendezvous, timeout_s: float, exc: BaseException) -> str:

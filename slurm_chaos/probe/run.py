@@ -90,10 +90,20 @@ def _say(rank: int, text: str) -> None:
         print(f"probe: {text}", flush=True)
 
 
+_STOP: list[str] = []  # the name of the signal that asked us to stop, once one has
+
+
+def stop_requested() -> None:
+    """Raise :class:`Terminated` at a safe point (between steps) once SIGTERM/SIGINT has arrived."""
+    if _STOP:
+        raise Terminated(f"stopped by signal {_STOP[0]}")
+
+
 @contextmanager
 def _sigterm_raises() -> Iterator[None]:
+    # The handler only takes note: raising inside it could tear an HDF5 write in half.
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(f"stopped by signal {signal.Signals(signum).name}")
+        _STOP.append(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -112,7 +122,7 @@ def run_probe(cfg: ProbeConfig, env: Mapping[str, str] | None = None) -> Summary
     device, backend = _device_and_backend(cfg, rv)
     if device.type == "cpu":
         torch.set_num_threads(cfg.threads)
-    init_process_group(rv, backend, cfg.rendezvous_timeout)
+    init_process_group(rv, backend, cfg.rendezvous_timeout, cfg.collective_timeout)
     try:
         with _sigterm_raises():
             return _run_in_group(cfg, rv, device, backend)
@@ -378,6 +388,7 @@ def train_loop(
     times: list[float] = []
     t_run = time.perf_counter()
     for step in range(start, cfg.steps):
+        stop_requested()
         t_start = time.time()
         t0 = time.perf_counter()
         st = trainer.step(step)
@@ -448,6 +459,7 @@ def _run_allreduce(
     step = 0
     try:
         for nbytes in message_sizes(cfg.min_bytes, max_bytes):
+            stop_requested()
             r = allreduce_size(nbytes, cfg.steps, cfg.warmup, device, rv.world_size)
             rows.append((r.size_bytes, r.time, r.algbw, r.busbw))
             t = time.time() - sum(r.iteration_times)  # the sweep just ended: walk back to each start
@@ -466,6 +478,10 @@ def _run_allreduce(
         raise PeerLost(
             f"rank {rv.rank} on {host.host}: all_reduce failed (peer dead or unreachable): {exc}"
         ) from exc
+    except Terminated as exc:
+        writer.allreduce_rows(rows)
+        _close(writer, None, {"exit_reason": str(exc)})
+        raise
     writer.allreduce_rows(rows)
     _close(writer, None, {"exit_reason": "done", "steps_completed": step})
     return Summary(

@@ -151,7 +151,7 @@ class Sandbox:
         return {"SLURM_CONF": str(layout.slurm_conf)}
 
     # ---------------------------------------------------------------- up
-    def up(self, nodes: int = 4, install: bool = True, health_interval: int = 0) -> Layout:
+    def up(self, nodes: int = 4, install: bool = True, health_interval: int = 5, monitoring: bool = True) -> Layout:
         """Start whatever of the sandbox is not running yet and wait until every node is idle."""
         if os.geteuid() != 0:
             raise UsageError(
@@ -174,6 +174,10 @@ class Sandbox:
         self._ensure_slurmds(layout)
         self._wait_idle(layout, timeout=60)
         self._ensure_reservation(layout)
+        if monitoring:
+            from slurm_chaos.observe.monitoring import start_monitoring
+
+            start_monitoring(layout)
         log.info("sandbox %s up: %d nodes idle in %.1f s", self.name, nodes, time.monotonic() - t0)
         return layout
 
@@ -472,7 +476,9 @@ class Sandbox:
         layout = Layout.load(self.name)
         if layout is None:
             return []
-        stopped: list[str] = []
+        from slurm_chaos.observe.monitoring import stop_monitoring
+
+        stopped: list[str] = stop_monitoring(layout)
         for d in reversed(self.daemons(layout)):
             pid = daemons.read_pid(d.pidfile)
             if pid is not None and self._is_ours(layout, d):
@@ -496,7 +502,7 @@ class Sandbox:
         self._stop_munge_if_last(layout, stopped)
         if purge:
             # Keep the logs for a post-mortem; everything else of the sandbox goes.
-            for sub in ("state", "spool", "tmp", "db", "run", "etc", "shared"):
+            for sub in ("state", "spool", "tmp", "db", "run", "etc", "shared", "monitoring", "heartbeat", "health"):
                 shutil.rmtree(layout.root / sub, ignore_errors=True)
             (layout.root / "sandbox.json").unlink(missing_ok=True)
         return stopped

@@ -171,6 +171,14 @@ class Cluster:
             time.sleep(0.2)
         raise AssertionError(f"no agent for job {job} on {node}: {self.journal(node, job)}")
 
+    def wait_log(self, text: str, timeout: float = 30) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.log_file.exists() and text in self.log_file.read_text():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} never logged in {self.log_file}")
+
     def snapshot(self, node: str) -> dict[str, object]:
         """What a fault may change on a node, read from inside its namespaces."""
         pid = self.slurmd_pid(node)
@@ -229,6 +237,8 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         log_file,
         tuple(sandbox.nodes),
     )
+    # Leftovers of an earlier, interrupted run would spoil the before/after comparisons.
+    cleanup(journal_root, None, SubprocessRunner(base_env=c.env))
     try:
         yield c
     finally:
@@ -285,13 +295,19 @@ def test_network_degradation_is_measured_inside_the_job_and_reverted(cluster: Cl
     assert cluster.snapshots(nodes) == before
 
 
-def test_full_checkpoint_volume_only_on_the_checkpoint_path(cluster: Cluster) -> None:
+@pytest.mark.parametrize("existing", [False, True])
+def test_full_checkpoint_volume_only_on_the_checkpoint_path(cluster: Cluster, existing: bool) -> None:
     ckpt = cluster.shared / f"ckpt-full-{uuid.uuid4().hex[:6]}"
+    if existing:  # an earlier checkpoint stays readable: a restart works, new checkpoints do not fit
+        ckpt.mkdir()
+        (ckpt / "old.pt").write_text("old checkpoint")
     script = f"""
 {sys.executable} - <<'EOF'
 import errno, os
 st = os.statvfs("{ckpt}")
 print("FREE", st.f_bavail * st.f_frsize)
+if os.path.exists("{ckpt}/old.pt"):
+    print("OLD", open("{ckpt}/old.pt").read())
 try:
     with open("{ckpt}/ckpt.pt", "wb") as f:
         f.write(b"x" * 100000)
@@ -309,7 +325,12 @@ EOF
     out = cluster.output(job)
     assert "FREE 0" in out and "CKPT ENOSPC" in out and "ELSEWHERE ok" in out, out
     assert cluster.snapshot("node3") == before
-    assert not ckpt.exists()  # the directory the fault created is gone again
+    assert not list(Path("/run/slurm-chaos").glob(f"ckpt-node3-{job}"))
+    if existing:
+        assert "OLD old checkpoint" in out, out
+        assert sorted(p.name for p in ckpt.iterdir()) == ["old.pt"]
+    else:
+        assert not ckpt.exists()  # the directory the fault created is gone again
 
 
 def build_shim() -> Path:
@@ -457,8 +478,9 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
     before = cluster.snapshot("node4")
     hook = _disable_epilog(cluster)
     try:
-        job = cluster.submit("sleep 2\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node4")
+        job = cluster.submit("sleep 4\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node4")
         cluster.wait_agent(job, "node4")
+        cluster.wait_log(f"prolog: job {job} on node4")  # the prolog is done: the agent detached
         agent_entry = next(
             e for e in Journal(cluster.journal_root, "node4", job).read().entries if e.fault == "agent"
         )
@@ -483,3 +505,53 @@ def test_journal_is_json_lines_written_before_the_change(cluster: Cluster) -> No
     assert kinds[0] == "header" and "closed" in kinds
     change = next(r for r in records if r["kind"] == "change" and r["fault"] == "netem")
     assert change["undo"]["action"] == "tc_restore" and change["deadline"] > change["time"]
+
+
+def test_spank_plugin_passes_the_spec_to_the_prolog(cluster: Cluster) -> None:
+    """End to end: --chaos on sbatch, the plugin's SPANK_SLURM_CHAOS_SPEC, the prolog, the epilog."""
+    from slurm_chaos.faults.plugin_install import PluginArgs, build_plugin, plugstack_line, update_plugstack
+
+    plugstack = Path(cluster.env["SLURM_CONF"]).parent / "plugstack.conf"
+    saved = plugstack.read_text() if plugstack.exists() else None
+    try:
+        so = build_plugin(cluster.shared / "plugin-prefix", SubprocessRunner())
+    except Exception as exc:  # the plugin is another module's; its build is tested there
+        pytest.skip(f"SPANK plugin not buildable here: {exc}")
+    args = PluginArgs(
+        allow_users=("root",),
+        allow_reservations=("chaos_maint",),
+        require_exclusive=True,
+        journal_dir=str(cluster.journal_root),
+    )
+    before = cluster.snapshot("node2")
+    try:
+        update_plugstack(plugstack, plugstack_line(so, args))
+        res = cluster.run(
+            [
+                "sbatch",
+                "--parsable",
+                "--exclusive",
+                "-N1",
+                "-w",
+                "node2",
+                "-o",
+                str(cluster.shared / "plugin-%j.out"),
+                "--chaos=netem:rate=512K+nccl-degrade:ib=off",
+                "--wrap",
+                "tc qdisc show dev eth0; echo NCCL_IB_DISABLE=$NCCL_IB_DISABLE",
+            ]
+        )
+        assert res.ok, res.stderr
+        job = res.stdout.strip()
+        cluster.wait_done(job, ["node2"])
+    finally:
+        if saved is None:
+            plugstack.unlink(missing_ok=True)
+        else:
+            plugstack.write_text(saved)
+    out = (cluster.shared / f"plugin-{job}.out").read_text()
+    assert "tbf cafe:" in out or "netem cafe:" in out, out  # the prolog's change, seen by the job
+    assert "NCCL_IB_DISABLE=1" in out, out  # the plugin's, in the same job
+    faults = {json.loads(line).get("fault") for line in cluster.journal("node2", job).splitlines()}
+    assert {"netem", "agent", "nccl-degrade"} <= faults  # one journal holds both sides' changes
+    assert cluster.snapshot("node2") == before

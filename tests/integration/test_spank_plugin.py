@@ -162,6 +162,18 @@ def test_sbatch_option_reaches_batch_step_and_inner_steps(plugin: PluginSandbox)
     assert result.ok, result.stderr
     lines = sorted(out.read_text().split())
     assert lines == ["batch=1", "step=1", "step=1"]
+    # Each node journals under its own name: the batch node has the batch step and step 0.
+    job = result.stdout.strip().split(";")[0]
+    per_node = {
+        p.parent.name: Journal(plugin.journal_dir, p.parent.name, job).read().entries
+        for p in plugin.journal_dir.glob(f"*/{job}.jsonl")
+    }
+    assert len(per_node) == 2, per_node
+    steps = sorted(sorted({e.action.split(":")[0] for e in entries}) for entries in per_node.values())
+    assert steps == [
+        ["task environment of step 0"],
+        ["task environment of step 0", "task environment of step batch"],
+    ]
 
 
 def test_numa_mismatch_changes_affinity_inside_the_task(plugin: PluginSandbox) -> None:
@@ -176,6 +188,24 @@ def test_numa_mismatch_changes_affinity_inside_the_task(plugin: PluginSandbox) -
     # The last online CPU of the node, which is in the baseline set.
     last = baseline[0].split(",")[-1].split("-")[-1]
     assert squeezed[0] == last
+
+
+def test_numa_mismatch_squeezes_every_rank_of_a_node_onto_one_cpu(plugin: PluginSandbox) -> None:
+    result = plugin.run(
+        [
+            "srun",
+            "-N1",
+            "-n2",
+            "--exclusive",
+            "--chaos=numa-mismatch",
+            "grep",
+            "Cpus_allowed_list",
+            "/proc/self/status",
+        ]
+    )
+    allowed = cpus_allowed(result)
+    assert len(allowed) == 2 and allowed[0] == allowed[1]
+    assert re.fullmatch(r"\d+", allowed[0])
 
 
 def test_without_chaos_nothing_changes(plugin: PluginSandbox) -> None:
@@ -332,3 +362,35 @@ def test_node_rechecks_a_spec_that_bypassed_srun(plugin: PluginSandbox) -> None:
     assert result.returncode != 0
     assert "SHOULD-NOT-RUN" not in result.stdout
     assert "refused --chaos: bad chaos SPEC 'bogus': unknown fault 'bogus'" in result.stderr
+
+
+def test_account_rule_refuses_on_the_node_and_inside_an_allocation(plugin: PluginSandbox) -> None:
+    strict = dataclasses.replace(plugin.args, allow_accounts=("no-such-account",))
+    update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, strict))
+    out = plugin.shared_dir / f"spank-account-{uuid.uuid4().hex[:8]}.out"
+    try:
+        # srun creating its allocation: the account is only known on the node.
+        alone = plugin.run(
+            ["srun", "-N1", "--exclusive", "--chaos=nccl-degrade:ib=off", "echo", "SHOULD-NOT-RUN"]
+        )
+        assert alone.returncode != 0 and "SHOULD-NOT-RUN" not in alone.stdout
+        assert "account 'root' is not in allow_accounts" in alone.stderr
+        # srun inside an allocation: refused by srun itself, before the step exists.
+        inner = plugin.run(
+            [
+                "sbatch",
+                "--wait",
+                "-N1",
+                "--exclusive",
+                "-o",
+                str(out),
+                "--wrap",
+                "srun --chaos=nccl-degrade:ib=off echo SHOULD-NOT-RUN; echo srun-exit=$?",
+            ]
+        )
+        text = out.read_text()
+        assert "srun: error: slurm-chaos: refused --chaos=nccl-degrade:ib=off: account 'root'" in text
+        assert "SHOULD-NOT-RUN" not in text and "srun-exit=0" not in text
+        assert inner.returncode == 0  # the job itself (without --chaos) ran
+    finally:
+        update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, plugin.args))

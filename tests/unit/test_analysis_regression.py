@@ -159,3 +159,13 @@ def test_aa_calibration_flags_a_broken_method() -> None:
     ]
     calibration = aa_false_positive_rate(pairs, n_boot=100)
     assert calibration.rate == 1.0 and calibration.upper_95 == 1.0
+    # The threshold that would have silenced them sits just above the largest shift seen.
+    assert 0.025 < calibration.min_effect_for_1pct < 0.04
+    quiet = aa_false_positive_rate(pairs, n_boot=100, min_effect=calibration.min_effect_for_1pct)
+    assert quiet.false_positives == 0
+
+
+def test_aa_calibration_keeps_min_effect_when_already_quiet() -> None:
+    model = JobModel(ranks=4, steps=300, noise=0.02)
+    runs = [simulate_job_time(replace(model, seed=300 + i)) for i in range(5)]
+    assert aa_false_positive_rate(aa_pairs(runs), n_boot=100, min_effect=0.02).min_effect_for_1pct == 0.02

@@ -15,7 +15,7 @@ import pytest
 from slurm_chaos.analysis.commands import compare_dirs, report_dir
 from slurm_chaos.analysis.model import Expectation
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, simulate, write_run, write_run_dir
-from slurm_chaos.errors import DataError, UsageError
+from slurm_chaos.errors import ChaosError, DataError, UsageError
 
 XSD = Path(__file__).resolve().parents[1] / "data" / "junit" / "junit.xsd"
 BASE = JobModel(ranks=4, steps=400, warmup_steps=10, ranks_per_host=2, seed=1)
@@ -131,6 +131,19 @@ def test_rerun_gives_identical_files(run_dir: Path, outputs: dict[str, tuple[str
     text, _ = report_dir(run_dir, "json", None)
     assert text == outputs["json"][0]
     assert {n: (run_dir / n).read_bytes() for n in before} == before
+
+
+def test_manifest_min_effect_raises_the_bar(tmp_path: Path) -> None:
+    run = write_run_dir(tmp_path / "lenient", [EXPERIMENTS[1]])
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "min_effect": 0.5}))
+    doc = json.loads(report_dir(run, "json", None)[0])["experiments"][0]
+    # +15% is real but under a 50% practical threshold: not significant, so no blind spot either.
+    assert doc["regression"] > 0.1 and doc["significant"] is False
+    assert doc["verdict"] != "BLIND SPOT"
+    (run / "manifest.json").write_text(json.dumps({**manifest, "min_effect": "big"}))
+    with pytest.raises(DataError, match="min_effect"):
+        report_dir(run, "json", None)
 
 
 def test_exit_code_zero_when_everything_passed(tmp_path: Path) -> None:
@@ -261,3 +274,8 @@ def test_lost_steps_counts_repeated_steps(tmp_path: Path) -> None:
     doc = json.loads(report_dir(run, "json", None)[0])["experiments"][0]
     assert doc["lost_steps"] == 20
     assert doc["verdict"] == "NOT RECOVERED" and "lost 20 steps" in doc["reason"]
+
+
+def test_unwritable_output_is_a_clear_error(run_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ChaosError, match="cannot write the report"):
+        report_dir(run_dir, "json", tmp_path / "no-such-dir" / "report.json")

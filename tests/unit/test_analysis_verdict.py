@@ -212,3 +212,9 @@ def test_window_end_may_be_null() -> None:
     parsed = observations_from_json(json.loads('{"fault_window": {"start": 5, "end": null}}'))
     assert parsed.fault_window == FaultWindow(5.0, None)
     assert parsed.fault_window.contains(1e12)
+
+
+def test_a_faster_fault_run_points_at_the_baseline() -> None:
+    j = judge(comparison(-0.25, True), log(DETECT))
+    assert j.verdict is Verdict.NO_EFFECT
+    assert "25% faster than its baseline" in j.reason

@@ -191,3 +191,28 @@ def test_installed_hooks_exit_0_and_log_their_failure(tmp_path: Path) -> None:
     assert broken.returncode == 0 and "slurm-chaos: prolog hook exited" in broken.stderr
     assert "slurm-chaos: prolog hook exited" in log_file.read_text()
     assert uninstall_hooks(tmp_path / "etc") == paths
+
+
+def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_chaos.faults import node_gpu
+
+    kmsg = tmp_path / "kmsg"
+    monkeypatch.setattr(node_gpu, "KMSG", kmsg)
+    monkeypatch.setattr(node_gpu.shutil, "which", lambda name: None)
+    runner = FakeRunner(lambda a: Completed(a, 1, "", "squeue: unreachable"))
+    t0 = time.time()
+    res = agent.apply("20", "node1", "gpu-xid:after=0.4s", 0.8, tmp_path / "j", runner, foreground=True)
+    assert res.applied == ("gpu-xid (in 0.4 s)",)
+    written = kmsg.stat().st_mtime - t0
+    assert 0.35 < written < 0.8 and "Xid" in kmsg.read_text()
+
+
+def test_site_journal_root_is_per_sandbox() -> None:
+    from slurm_chaos.faults.install_hooks import site_journal_root
+    from slurm_chaos.faults.journal import DEFAULT_ROOT
+    from slurm_chaos.site import load_site
+
+    repo = Path(__file__).resolve().parents[2]
+    sandbox = load_site(repo / "site_configs" / "sandbox.yaml")
+    assert site_journal_root(sandbox) == Path(str(sandbox.slurm.hooks_dir)).parent / "journal"
+    assert site_journal_root(load_site(repo / "site_configs" / "h100-ib-example.yaml")) == DEFAULT_ROOT

@@ -97,3 +97,20 @@ def test_fill_stops_at_enospc_and_gives_back_leave(tmp_path: Path, monkeypatch: 
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old)
     assert raised
+
+
+def test_a_user_may_only_fill_a_path_of_their_own(tmp_path: Path) -> None:
+    import os
+
+    import pytest
+
+    from slurm_chaos.errors import ChaosError
+    from slurm_chaos.faults.node_storage import check_user_path
+
+    mine = tmp_path / "user"
+    mine.mkdir()
+    os.chown(mine, 4242, 4242)
+    check_user_path(mine / "ckpt" / "deep", 4242)  # missing dirs under the user's own: fine
+    check_user_path(Path("/etc/cron.d/x"), 0)  # root jobs: root could do it anyway
+    with pytest.raises(ChaosError, match="belongs to uid 0"):
+        check_user_path(Path("/etc/cron.d/x"), 4242)

@@ -16,11 +16,29 @@ NOW = 10_000.0
 TH = Thresholds()
 
 
-def beat(job: str, rank: int, host: str, compute: float, age: float = 1.0, **kw: object) -> Beat:
-    fields: dict[str, object] = {"window": 10, "step": 50} | kw
+def beat(
+    job: str,
+    rank: int,
+    host: str,
+    compute: float,
+    age: float = 1.0,
+    window: int = 10,
+    checkpoint_failures: int = 0,
+    numa_mismatch: bool = False,
+) -> Beat:
     return Beat(
-        job, rank, host, NOW - age, step_time=compute + 0.02, compute_time=compute, comm_time=0.02, **fields
-    )  # type: ignore[arg-type]
+        job,
+        rank,
+        host,
+        NOW - age,
+        50,
+        window,
+        compute + 0.02,
+        compute,
+        0.02,
+        checkpoint_failures,
+        numa_mismatch,
+    )
 
 
 # ---------------------------------------------------------------- straggler
@@ -277,3 +295,50 @@ def test_throttle_by_reason_and_by_low_clock_under_load() -> None:
 def test_throttle_ignores_benign_clock_reasons(reasons: int) -> None:
     g = GpuState(0, "b", clock_reasons=reasons, sm_clock=1980, sm_clock_max=1980, utilization=99)
     assert checks.check_gpu_throttle(GpuFacts((g,), expected=1), TH).status == OK
+
+
+class FakeNvml:
+    """The few pynvml calls the check makes, answering like one H100 that is power-capped."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_CLOCK_SM = 1
+
+    class NotSupported(Exception):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"h{i}"
+
+    def nvmlDeviceGetPciInfo(self, h: str) -> object:
+        return type("Pci", (), {"busId": b"00000000:3B:00.0"})()
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: str) -> int:
+        return 0x4
+
+    def nvmlDeviceGetRemappedRows(self, h: str) -> tuple[int, int, int, int]:
+        raise self.NotSupported()
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> object:
+        return type("Util", (), {"gpu": 97})()
+
+    def nvmlDeviceGetTotalEccErrors(self, h: str, kind: int, counter: int) -> int:
+        assert (kind, counter) == (1, 0)
+        return 3
+
+    def nvmlDeviceGetClockInfo(self, h: str, clock: int) -> int:
+        return 1100
+
+    def nvmlDeviceGetMaxClockInfo(self, h: str, clock: int) -> int:
+        return 1980
+
+
+def test_gpu_state_from_nvml_and_sysfs(tmp_path: Path) -> None:
+    dev = tmp_path / "bus/pci/devices/0000:3b:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    g = checks._gpu_state(FakeNvml(), 0, tmp_path)
+    assert g == GpuState(0, "00000000:3B:00.0", 1, 3, False, False, 0x4, 1100, 1980, 97)
+    facts = GpuFacts((g,), expected=1)
+    assert checks.check_gpu_throttle(facts, TH).message == "GPU 0: slowdown reasons 0x4"
+    assert checks.check_gpu_ecc(facts).message == "GPU 0: 3 uncorrected ECC error(s)"

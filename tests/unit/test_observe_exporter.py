@@ -42,7 +42,7 @@ def registry(tmp_path: Path, signals: frozenset[str] | None = None) -> Collector
 
 
 def labels(rank: int, host: str, job: str = "12", world: int = 3) -> dict[str, str]:
-    return {"job_id": job, "rank": str(rank), "host": host, "world_size": str(world)}
+    return {"job_id": job, "rank": str(rank), "host": host, "world_size": str(world), "mode": "train"}
 
 
 def test_rank_metrics_and_straggler_ratio(tmp_path: Path) -> None:
@@ -126,7 +126,8 @@ def test_exporter_process_serves_metrics_over_http(tmp_path: Path) -> None:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
         assert (
-            'slurm_chaos_probe_straggler_ratio{host="node2",job_id="12",rank="1",world_size="2"} 2.0' in text
+            'slurm_chaos_probe_straggler_ratio{host="node2",job_id="12",mode="train",rank="1",'
+            'world_size="2"} 2.0' in text
         )
     finally:
         proc.terminate()

@@ -20,13 +20,14 @@ class Clock:
 
 def test_update_writes_at_most_once_per_interval_with_window_means(tmp_path: Path) -> None:
     clock = Clock()
-    hb = Heartbeat(tmp_path, "42", 1, "node2", world_size=4, window=3, clock=clock)
+    hb = Heartbeat(tmp_path, "42", 1, "node2", world_size=4, mode="allreduce", window=3, clock=clock)
     assert hb.update(0, 0.10, 0.08, 0.02)
     assert not hb.update(1, 0.20, 0.16, 0.04)  # within the same second: not written
     clock.now += 1.0
     assert hb.update(2, 0.30, 0.24, 0.06, checkpoint_failures=2, numa_mismatch=True)
     (beat,) = read_heartbeats(tmp_path)
     assert (beat.job_id, beat.rank, beat.host, beat.world_size, beat.step) == ("42", 1, "node2", 4, 2)
+    assert beat.mode == "allreduce"
     assert beat.window == 3
     assert beat.step_time == pytest.approx(0.20)
     assert beat.compute_time == pytest.approx(0.16)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing"
 )
 
-RANK = 'job_id="9",rank="1",host="node2",world_size="2"'
+RANK = 'job_id="9",rank="1",host="node2",world_size="2",mode="train"'
 
 
 def promtool_test(tmp_path: Path, tests: list[dict[str, object]]) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def _alert(labels: dict[str, str], summary: str) -> dict[str, object]:
 
 def test_straggler_fires_after_its_for_duration_and_resolves(tmp_path: Path) -> None:
     labels = {"severity": "critical", "signal": "straggler", "job_id": "9", "rank": "1", "host": "node2"}
-    labels["world_size"] = "2"
+    labels |= {"world_size": "2", "mode": "train"}
     summary = "job 9 rank 1 on node2 is 2.00x slower than its peers"
     done = promtool_test(
         tmp_path,
@@ -107,10 +107,11 @@ def test_straggler_needs_a_real_time_difference(tmp_path: Path) -> None:
 
 
 def test_step_time_regression_against_the_best_job_of_the_same_size(tmp_path: Path) -> None:
-    base = 'job_id="1",rank="0",host="node1",world_size="2"'
-    slow = 'job_id="2",rank="0",host="node3",world_size="2"'
-    other = 'job_id="3",rank="0",host="node3",world_size="4"'
-    labels = {"severity": "warning", "signal": "straggler", "job_id": "2", "world_size": "2"}
+    base = 'job_id="1",rank="0",host="node1",world_size="2",mode="train"'
+    slow = 'job_id="2",rank="0",host="node3",world_size="2",mode="train"'
+    bigger = 'job_id="3",rank="0",host="node3",world_size="4",mode="train"'
+    allreduce = 'job_id="4",rank="0",host="node4",world_size="2",mode="allreduce"'
+    labels = {"severity": "warning", "signal": "straggler", "job_id": "2", "world_size": "2", "mode": "train"}
     done = promtool_test(
         tmp_path,
         [
@@ -119,9 +120,12 @@ def test_step_time_regression_against_the_best_job_of_the_same_size(tmp_path: Pa
                 "input_series": [
                     {"series": f"slurm_chaos_probe_step_seconds{{{base}}}", "values": "0.1x5 _x20"},
                     {"series": f"slurm_chaos_probe_step_seconds{{{slow}}}", "values": "_x5 0.2x20"},
-                    {"series": f"slurm_chaos_probe_step_seconds{{{other}}}", "values": "0.5x25"},
+                    # Neither a bigger job nor one timing allreduces alone is compared with them.
+                    {"series": f"slurm_chaos_probe_step_seconds{{{bigger}}}", "values": "0.5x25"},
+                    {"series": f"slurm_chaos_probe_step_seconds{{{allreduce}}}", "values": "0.01x25"},
                 ],
                 "alert_rule_test": [
+                    {"eval_time": "8s", "alertname": "ChaosStepTimeRegression", "exp_alerts": []},
                     {"eval_time": "14s", "alertname": "ChaosStepTimeRegression", "exp_alerts": []},
                     {
                         "eval_time": "20s",

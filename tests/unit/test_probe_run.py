@@ -55,17 +55,22 @@ def test_two_ranks_write_consistent_files(tmp_path: Path) -> None:
     assert results[1].stdout.strip() == ""  # only rank 0 talks
 
 
-def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: Path) -> None:
-    procs = start_ranks(2, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
-    path = tmp_path / "rank-1.h5"
-    deadline = time.monotonic() + 60
+def _wait_for_steps(path: Path, at_least: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.5)
         try:
-            if len(read_rank(path).step) >= 10:
-                break
-        except Exception:
+            if len(read_rank(path).step) >= at_least:
+                return
+        except Exception:  # not created or not flushed yet
             continue
+    raise AssertionError(f"{path}: fewer than {at_least} steps after {timeout} s")
+
+
+def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: Path) -> None:
+    procs = start_ranks(2, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
+    path = tmp_path / "rank-1.h5"
+    _wait_for_steps(path, 10)
     procs[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     results = wait_ranks(procs, timeout=60)
@@ -84,8 +89,8 @@ def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: P
 
 
 def test_sigterm_closes_the_file(tmp_path: Path) -> None:
-    (proc,) = start_ranks(1, ["--steps", "100000", "--out", str(tmp_path), *QUIET])
-    time.sleep(6)
+    (proc,) = start_ranks(1, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
+    _wait_for_steps(tmp_path / "rank-0.h5", 5)
     proc.send_signal(signal.SIGTERM)
     (result,) = wait_ranks([proc], timeout=60)
     assert result.returncode == 143, result.stderr

@@ -142,3 +142,20 @@ def test_reader_rejects_foreign_file(tmp_path: Path) -> None:
     path.write_bytes(b"\x89HDF\r\n\x1a\n garbage")
     with pytest.raises(DataError, match="unreadable probe file"):
         read_rank(path)
+
+
+def test_carry_over_fills_fields_an_older_file_lacks(tmp_path: Path) -> None:
+    import h5py
+
+    path = tmp_path / "rank-0.h5"
+    with h5py.File(path, "w") as f:  # a minimal schema-1 file: step_time only, no step/attempt
+        f.attrs.update({"schema_version": 1, "rank": 0, "world_size": 1, "host": "h", "job_id": "1"})
+        f.create_group("steps").create_dataset("step_time", data=[0.5, 0.25])
+    carried = carry_over(path)
+    assert carried is not None
+    w = RankWriter(path, ATTRS, attempt=carried[0].attempts)
+    w.copy_previous(carried[1], carried[2])
+    w.close()
+    rk = read_rank(path)
+    assert rk.step_time.tolist() == [0.5, 0.25] and rk.step.tolist() == [0, 1]
+    assert np.isnan(rk.comm_time).all()

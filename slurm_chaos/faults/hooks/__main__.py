@@ -58,14 +58,18 @@ def _deadline(env: Mapping[str, str], default: float) -> float:
     return default
 
 
+def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> None:
+    """Revert this node's leftovers whose deadline passed (no Slurm call from a hook: deadline only)."""
+    for line in cleanup(args.journal_root, [node], runner, job_running=lambda _job: None):
+        log.info("%s cleanup: %s", kind, line)
+
+
 def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> None:
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     if not job or not node:
         log.error("prolog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
         return
-    # Leftovers of this node whose deadline passed (no Slurm call from a prolog: deadline only).
-    for line in cleanup(args.journal_root, [node], runner, job_running=lambda _job: None):
-        log.info("prolog cleanup: %s", line)
+    _stale(args, node, runner, "prolog")
     spec = job_spec(env, args.spec_dir)
     if not spec:
         return
@@ -100,6 +104,7 @@ def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> 
         return
     for line in agent.undo(job, node, args.journal_root, runner):
         log.info("epilog: job %s on %s: %s", job, node, line)
+    _stale(args, node, runner, "epilog")
 
 
 def main(
