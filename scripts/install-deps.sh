@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 pkgs=(slurm-wlm slurm-client slurmdbd munge libslurm-dev slurm-wlm-basic-plugins-dev openmpi-bin libopenmpi-dev
       mariadb-server iproute2 util-linux procps gcc make clang libc6-dev stress-ng numactl fiu-utils libfiu-dev
-      prometheus prometheus-alertmanager chromium)
+      prometheus prometheus-alertmanager chromium clang)
 # Debian 13 renamed or split some packages: take whichever name this release has.
 for alt in "libpmix2t64 libpmix2" "hwloc-nox hwloc" "slurm-wlm-mysql-plugin"; do
   for p in $alt; do
@@ -31,4 +31,5 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import torch' 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
 "$PY" -m pip install -q -e '.[probe,dev]'
 make -s -C spank_plugin
+make -s -C preload
 echo "slurm-chaos: dependencies installed"

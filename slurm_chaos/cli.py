@@ -138,12 +138,15 @@ def _plugin_install(args: argparse.Namespace) -> int:
     from slurm_chaos.faults.plugin_install import install_plugin
     from slurm_chaos.runner import SubprocessRunner
 
-    result = install_plugin(args.site, args.prefix, SubprocessRunner())
+    from slurm_chaos.faults.install_hooks import site_journal_root
+    from slurm_chaos.site import load_site
+
+    journal = str(site_journal_root(load_site(args.site)))
+    result = install_plugin(args.site, args.prefix, SubprocessRunner(), journal_dir=journal)
     print(f"installed {result.plugin_path}")
     print(f"{result.plugstack_path}: {result.line}")
     from slurm_chaos.faults.install_hooks import install_site_hooks
     from slurm_chaos.observe.healthcheck import install_healthcheck
-    from slurm_chaos.site import load_site
 
     for path in install_site_hooks(args.site):
         print(f"hook {path}")
@@ -207,6 +210,19 @@ def _campaign(args: argparse.Namespace) -> int:
     return _launch(args, None, args.suite, "campaign")
 
 
+def _cleanup(args: argparse.Namespace) -> int:
+    from slurm_chaos.campaign.commands import cleanup_site
+    from slurm_chaos.hostlist import expand_hostlist
+
+    nodes = expand_hostlist(args.nodes) if args.nodes else None
+    done = cleanup_site(Path(args.site), nodes, Path(args.run) if args.run else None)
+    for line in done:
+        print(f"reverted {line}")
+    if not done:
+        print("nothing to revert")
+    return 1 if any(line.startswith("FAILED") for line in done) else 0
+
+
 def _rank_nodes(args: argparse.Namespace) -> int:
     from slurm_chaos.errors import UsageError
     from slurm_chaos.placement import apply_settings, format_ranking, probe_dirs, proposals, rank_nodes
@@ -268,6 +284,12 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--site", help="site config YAML (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
     p.set_defaults(handler=_rank_nodes)
+
+    p = sub.add_parser("cleanup", help="revert leftover faults (a missed epilog, a killed campaign)")
+    p.add_argument("--site", required=True, help="site config YAML")
+    p.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2])")
+    p.add_argument("--run", metavar="RUN_DIR", help="also undo the controller faults (drains, lost nodes) of a run")
+    p.set_defaults(handler=_cleanup)
 
     p = sub.add_parser("faults", help="list every fault with its keys")
     p.set_defaults(handler=_faults)

@@ -60,6 +60,8 @@ class Manifest:
     timings: dict[str, float] = field(default_factory=dict)
     completed: list[str] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)
+    # Smallest change in step time that counts as a regression: the steady-state tolerance.
+    min_effect: float = 0.05
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
     def job(self, experiment: str, role: str) -> JobRecord | None:

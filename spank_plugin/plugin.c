@@ -17,7 +17,9 @@
 #define _GNU_SOURCE
 #include <stdint.h>             /* spank.h uses uint32_t but does not include stdint.h */
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sched.h>
@@ -501,6 +503,63 @@ static int describe_to_tasks(spank_t sp, const struct step_ids *ids)
 	return set_env(sp, ids, "SLURM_CHAOS_FAULTS", names);
 }
 
+/*
+ * Checkpoint I/O faults act through the LD_PRELOAD shim installed beside this plugin
+ * (preload/, libslurm_chaos_io.so): it fails or hangs I/O under the checkpoint path only.
+ */
+static int checkpoint_io_env(spank_t sp, const struct step_ids *ids)
+{
+	static const char *const faults[][2] = {
+		{ "ckpt-enospc", "enospc" }, { "ckpt-eio", "eio" }, { "ckpt-hang", "hang" },
+	};
+	const struct chaos_request *r = NULL;
+	const char *kind = NULL;
+	char shim[PATH_MAX], preload[2 * PATH_MAX + 2], num[64];
+	const struct chaos_value *v;
+	Dl_info self;
+
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]) && !r; i++)
+		if ((r = chaos_find(&spec, faults[i][0])))
+			kind = faults[i][1];
+	if (!r)
+		return 0;
+	if (!dladdr((void *)checkpoint_io_env, &self) || !self.dli_fname) {
+		slurm_error(PFX "job %u.%s: cannot locate the plugin to find its I/O shim", ids->job, ids->step);
+		return -1;
+	}
+	snprintf(shim, sizeof(shim), "%s", self.dli_fname);
+	char *slash = strrchr(shim, '/');
+	if (!slash || (size_t)(slash - shim) + sizeof("/libslurm_chaos_io.so") > sizeof(shim))
+		return -1;
+	strcpy(slash, "/libslurm_chaos_io.so");
+	if (access(shim, R_OK)) {
+		slurm_error(PFX "job %u.%s: %s: %m (install it with the plugin)", ids->job, ids->step, shim);
+		return -1;
+	}
+	const char *old = getenv("LD_PRELOAD");
+	snprintf(preload, sizeof(preload), "%s%s%s", shim, old && *old ? ":" : "", old ? old : "");
+	if (set_env(sp, ids, "LD_PRELOAD", preload) || set_env(sp, ids, "SLURM_CHAOS_IO_FAULT", kind))
+		return -1;
+	if ((v = chaos_get(r, "path")) && v->set && set_env(sp, ids, "SLURM_CHAOS_IO_PATH", v->text))
+		return -1;
+	if ((v = chaos_get(r, "after")) && v->set) {
+		snprintf(num, sizeof(num), "%.9g", v->num);
+		if (set_env(sp, ids, "SLURM_CHAOS_IO_AFTER_S", num))
+			return -1;
+	}
+	if ((v = chaos_get(r, "bytes")) && v->set) {
+		snprintf(num, sizeof(num), "%lld", v->inum);
+		if (set_env(sp, ids, "SLURM_CHAOS_IO_AFTER_BYTES", num))
+			return -1;
+	}
+	if ((v = chaos_get(r, "hold")) && v->set) {
+		snprintf(num, sizeof(num), "%.9g", v->num);
+		if (set_env(sp, ids, "SLURM_CHAOS_IO_HOLD_S", num))
+			return -1;
+	}
+	return 0;
+}
+
 /* user_init: once per step, before the tasks fork; the environment goes to every task. */
 static int remote_user_init(spank_t sp)
 {
@@ -518,7 +577,7 @@ static int remote_user_init(spank_t sp)
 			if (set_env(sp, &ids, ch[i].name, ch[i].value))
 				return -1;
 	}
-	return 0;
+	return checkpoint_io_env(sp, &ids);
 }
 
 static int bind_memory(int node)

@@ -206,7 +206,6 @@ class SyntheticExperiment:
     observations: Sequence[tuple[str, float, str]] = ()
     crashed: bool = False
     fault_name: str = "synthetic"
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 def write_experiment(exp_dir: Path, exp: SyntheticExperiment) -> ObservationLog:

@@ -129,3 +129,22 @@ def execute(camp: Campaign) -> tuple[str, int]:
         text += f"partial: resume with --resume {camp.run_dir}\n"
         return text, 130 if code == 0 else code
     return text, code
+
+
+def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None) -> list[str]:
+    """Revert leftovers: node faults whose job ended or whose deadline passed, and a run's controller faults.
+
+    The node journals are read where this runs: in the sandbox every node's journal is on this
+    machine; on a real cluster run it on each node (e.g. `srun -w NODES slurm-chaos cleanup ...`).
+    """
+    from slurm_chaos.faults.cleanup import cleanup
+    from slurm_chaos.faults.install_hooks import site_journal_root
+
+    site = load_site(site_path)
+    runner = SubprocessRunner(base_env=site.slurm_env())
+    done = cleanup(site_journal_root(site), nodes, runner)
+    if run_dir is not None:
+        scheduler = _scheduler(site)
+        journal = controller.ControllerJournal(run_dir / "controller-journal.jsonl")
+        done += controller.rollback(journal, scheduler, _control(site, scheduler), runner, site.slurm_env())
+    return done

@@ -131,6 +131,7 @@ def open_campaign(
             slurm_version=scheduler.version(),
         )
     manifest.planned = [e.name for e in experiments]
+    manifest.min_effect = min(e.hypothesis.max_regression for e in experiments)
     camp = Campaign(
         site, experiments, run_dir.resolve(), scheduler, runner, control, manifest, progress, time_budget_s
     )

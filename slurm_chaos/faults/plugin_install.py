@@ -21,6 +21,7 @@ from slurm_chaos.runner import Runner
 from slurm_chaos.site import Safety, load_site
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
+PRELOAD_DIR = Path(__file__).resolve().parents[2] / "preload"
 PLUGIN_FILE = "slurm_chaos.so"
 # The rollback journal's root: the prolog agent and the plugin write the same per-node files.
 DEFAULT_JOURNAL_DIR = str(DEFAULT_ROOT)  # also the plugin's own default (parse.h)
@@ -121,10 +122,12 @@ def update_plugstack(path: Path, line: str | None) -> bool:
 def build_plugin(prefix: Path | str, runner: Runner, *, timeout: float = 300) -> Path:
     """``make install`` the plugin under prefix; returns the installed .so path."""
     prefix = Path(prefix)
-    result = runner(["make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={prefix}"], timeout=timeout)
-    if not result.ok:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-        raise ChaosError("building the SPANK plugin failed (make install):\n" + "\n".join(tail))
+    # The checkpoint I/O shim goes beside the plugin, which preloads it for ckpt-* faults.
+    for directory in (PLUGIN_DIR, PRELOAD_DIR):
+        result = runner(["make", "-C", str(directory), "install", f"PREFIX={prefix}"], timeout=timeout)
+        if not result.ok:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+            raise ChaosError(f"building {directory.name} failed (make install):\n" + "\n".join(tail))
     return prefix / "lib" / "slurm-chaos" / PLUGIN_FILE
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_chaos.errors import ChaosError
+from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
@@ -118,6 +118,7 @@ def run_probe(cfg: ProbeConfig, env: Mapping[str, str] | None = None) -> Summary
     import torch
     import torch.distributed as dist
 
+    _prepare_out(cfg.out)
     rv = resolve(os.environ if env is None else env, cfg.rendezvous)
     device, backend = _device_and_backend(cfg, rv)
     if device.type == "cpu":
@@ -129,6 +130,17 @@ def run_probe(cfg: ProbeConfig, env: Mapping[str, str] | None = None) -> Summary
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _prepare_out(out: Path) -> None:
+    # Before the rendezvous: a bad --out fails this rank alone, at once, with the path named.
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".probe-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write there ({exc.strerror or exc})") from exc
 
 
 def _device_and_backend(cfg: ProbeConfig, rv: Rendezvous) -> tuple[Any, str]:
@@ -149,7 +161,6 @@ def _run_in_group(cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str) -
     gpu = tel.gpu_info(device.index or 0, nvml) if device.type == "cuda" else None
     if nvml is None:
         _say(rv.rank, f"GPU telemetry off: {why}")
-    cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.mode == "allreduce":
         return _run_allreduce(cfg, rv, device, backend, host, gpu)
     return _run_train(cfg, rv, device, backend, host, gpu, nvml)

@@ -194,6 +194,7 @@ def test_allreduce_mode_reports_bandwidth(tmp_path: Path) -> None:
             ["--steps", "5", "--out", "x", "--min-bytes", "4096", "--max-bytes", "1024"],
             "smaller than --min-bytes",
         ),
+        (["--steps", "5", "--out", "/proc/no-such-dir"], "--out /proc/no-such-dir: cannot write there"),
     ],
 )
 def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
