@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -15,10 +16,12 @@ from types import FrameType
 from typing import Any
 
 from slurm_chaos.errors import ChaosError, UsageError
+from slurm_chaos.observe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
 from slurm_chaos.probe.schema import rank_file_name
+from slurm_chaos.probe.workload import CollectiveFailed, collective
 from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
 
 
@@ -127,6 +130,8 @@ def run_probe(cfg: ProbeConfig, env: Mapping[str, str] | None = None) -> Summary
     try:
         with _sigterm_raises():
             return _run_in_group(cfg, rv, device, backend)
+    except CollectiveFailed as exc:  # before the rank file was opened: resume, initial broadcast
+        raise PeerLost(f"rank {rv.rank}: a collective failed (peer dead or unreachable): {exc}") from exc
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -293,7 +298,8 @@ def _run_train(
     checkpointer, start, load_time = None, 0, 0.0
     if cfg.ckpt_dir is not None:
         directory = ckpt.checkpoint_dir(cfg.ckpt_dir, rv.job_name, rv.job_id)
-        start, load_time = _resume(cfg, rv, trainer, directory)
+        with collective("agreeing on the checkpoint to resume from"):
+            start, load_time = _resume(cfg, rv, trainer, directory)
         checkpointer = ckpt.Checkpointer(directory, rv.rank, timeout_s=cfg.ckpt_timeout)
     if start == 0:
         trainer.broadcast_parameters()
@@ -307,20 +313,13 @@ def _run_train(
         f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
         f"backend {backend}, steps {start}..{cfg.steps - 1}",
     )
-    times: list[float] = []
-    try:
-        times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start)
-    except (RuntimeError, OSError) as exc:
-        _close(writer, sampler, {"exit_reason": f"collective failed: {exc}"[:500]})
-        raise PeerLost(
-            f"rank {rv.rank} on {host.host}: a collective failed (peer dead or unreachable): "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from exc
-    except Terminated as exc:
-        _close(writer, sampler, {"exit_reason": str(exc)})
-        raise
-    failures = _finish_checkpoints(checkpointer, writer, cfg)
-    total_failures = _sum_over_ranks(failures)
+    # The health check and the exporter watch the probe through its heartbeat file.
+    heartbeat = Heartbeat(None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode)
+    numa = bool(attrs.get("numa_mismatch", False))
+    with _closing_on_failure(writer, sampler, rv, host), contextlib.closing(heartbeat):
+        times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start, heartbeat, numa)
+        failures = _finish_checkpoints(checkpointer, writer, cfg)
+        total_failures = _sum_over_ranks(failures)
     _close(
         writer,
         sampler,
@@ -395,6 +394,8 @@ def train_loop(
     checkpointer: ckpt.Checkpointer | None,
     sampler: tel.NvmlSampler | None,
     start: int,
+    heartbeat: Heartbeat | None = None,
+    numa_mismatch: bool = False,
 ) -> list[float]:
     times: list[float] = []
     t_run = time.perf_counter()
@@ -416,6 +417,9 @@ def train_loop(
         if checkpointer is not None:
             for when, kind, detail in checkpointer.poll():
                 writer.event(kind, detail, when)
+        if heartbeat is not None:
+            failures = checkpointer.failures if checkpointer is not None else 0
+            heartbeat.update(step, step_time, st.compute, st.comm, failures, numa_mismatch)
         _drain_sampler(sampler, writer)
         if rv.rank == 0 and cfg.progress_every > 0 and (step + 1) % cfg.progress_every == 0:
             _progress(step, cfg.steps, times[-cfg.progress_every :], st, time.perf_counter() - t_run)
@@ -445,8 +449,37 @@ def _sum_over_ranks(value: int) -> int:
     import torch.distributed as dist
 
     t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t)
+    with collective("final all_reduce of the checkpoint failure count"):
+        dist.all_reduce(t)
     return int(t.item())
+
+
+@contextmanager
+def _closing_on_failure(
+    writer: RankWriter, sampler: tel.NvmlSampler | None, rv: Rendezvous, host: tel.HostInfo
+) -> Iterator[None]:
+    """Close the rank file with the reason whatever stops the rank; say whose fault it was."""
+    where = f"rank {rv.rank} on {host.host}"
+    try:
+        yield
+    except CollectiveFailed as exc:
+        _close_quietly(writer, sampler, {"exit_reason": f"collective failed: {exc}"[:500]})
+        raise PeerLost(f"{where}: a collective failed (peer dead or unreachable): {exc}") from exc
+    except Terminated as exc:
+        _close_quietly(writer, sampler, {"exit_reason": str(exc)})
+        raise
+    except (RuntimeError, OSError) as exc:  # the GPU, the model or the rank file's storage
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _close_quietly(writer, sampler, {"exit_reason": f"{type(exc).__name__}: {first}"[:500]})
+        raise ChaosError(f"{where}: {type(exc).__name__}: {first}") from exc
+
+
+def _close_quietly(writer: RankWriter, sampler: tel.NvmlSampler | None, final: dict[str, Any]) -> None:
+    # The rank is failing already; a file that cannot be closed must not hide the first error.
+    try:
+        _close(writer, sampler, final)
+    except Exception as exc:
+        print(f"probe: could not close {writer.path}: {exc}", file=sys.stderr)
 
 
 def _close(writer: RankWriter, sampler: tel.NvmlSampler | None, final: dict[str, Any]) -> None:
@@ -468,7 +501,7 @@ def _run_allreduce(
     rows: list[tuple[int, float, float, float]] = []
     times: list[float] = []
     step = 0
-    try:
+    with _closing_on_failure(writer, None, rv, host):
         for nbytes in message_sizes(cfg.min_bytes, max_bytes):
             stop_requested()
             r = allreduce_size(nbytes, cfg.steps, cfg.warmup, device, rv.world_size)
@@ -484,15 +517,6 @@ def _run_allreduce(
                 f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
                 f"busbw {r.busbw:7.3f} GB/s",
             )
-    except (RuntimeError, OSError) as exc:
-        _close(writer, None, {"exit_reason": f"collective failed: {exc}"[:500]})
-        raise PeerLost(
-            f"rank {rv.rank} on {host.host}: all_reduce failed (peer dead or unreachable): {exc}"
-        ) from exc
-    except Terminated as exc:
-        writer.allreduce_rows(rows)
-        _close(writer, None, {"exit_reason": str(exc)})
-        raise
     writer.allreduce_rows(rows)
     _close(writer, None, {"exit_reason": "done", "steps_completed": step})
     return Summary(

@@ -88,6 +88,31 @@ def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: P
     assert len(survivor.step) >= len(dead.step)
 
 
+def test_hung_peer_fails_the_rank_after_the_collective_timeout(tmp_path: Path) -> None:
+    args = [
+        "--steps",
+        "100000",
+        "--out",
+        str(tmp_path),
+        "--flush-interval",
+        "0.2",
+        "--collective-timeout",
+        "3",
+    ]
+    procs = start_ranks(2, [*args, *QUIET])
+    _wait_for_steps(tmp_path / "rank-0.h5", 5)
+    procs[1].send_signal(signal.SIGSTOP)  # alive but silent: a straggler past all patience
+    t0 = time.monotonic()
+    try:
+        (result,) = wait_ranks(procs[:1], timeout=60)
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert result.returncode == 1 and time.monotonic() - t0 < 30
+    assert "a collective failed (peer dead or unreachable)" in result.stderr and "Timed out" in result.stderr
+    assert read_rank(tmp_path / "rank-0.h5").attrs["complete"] is True
+
+
 def test_sigterm_closes_the_file(tmp_path: Path) -> None:
     (proc,) = start_ranks(1, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
     _wait_for_steps(tmp_path / "rank-0.h5", 5)
