@@ -314,7 +314,7 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
             observations=tuple(sorted(watcher.observations + extra, key=lambda o: o.time)),
             expectation=_expectation(exp),
             crashed=crashed,
-            fault=spec or "",
+            fault=exp.fault.spec or "",
         ),
     )
     camp.manifest.timings.update(

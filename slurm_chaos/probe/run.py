@@ -469,9 +469,10 @@ def _closing_on_failure(
         _close_quietly(writer, sampler, {"exit_reason": str(exc)})
         raise
     except (RuntimeError, OSError) as exc:  # the GPU, the model or the rank file's storage
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _close_quietly(writer, sampler, {"exit_reason": f"{type(exc).__name__}: {first}"[:500]})
-        raise ChaosError(f"{where}: {type(exc).__name__}: {first}") from exc
+        # HDF5 spreads errno and file name over several lines: keep them, on one.
+        text = " ".join(str(exc).split())[:600]
+        _close_quietly(writer, sampler, {"exit_reason": f"{type(exc).__name__}: {text}"[:500]})
+        raise ChaosError(f"{where}: {type(exc).__name__}: {text}") from exc
 
 
 def _close_quietly(writer: RankWriter, sampler: tel.NvmlSampler | None, final: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ Further attributes written at start: ``job_name``, ``restart_count`` (SLURM_REST
 "default", "bind:0"), ``mems_allowed``, ``gpu_uuid``, ``gpu_pci_bus_id``, ``gpu_numa_node`` (-1 if
 unknown), ``gpu_name``. Written when the rank closes the file (absent if it was killed):
 ``complete`` (True: closed by the probe, whatever the outcome), ``end_time``, ``exit_reason``
-("done", "collective failed: ...", "stopped by signal SIGTERM"), ``steps_completed``,
+("done", "collective failed: ...", "stopped by signal SIGTERM", or
+"<exception>: ..." when the GPU, the model or the file's storage failed), ``steps_completed``,
 ``param_checksum`` (train: sum of all weights, equal on every rank), and after a resume
 ``steps_lost`` (-1 if unknown) and ``recovery_time`` (s from the previous attempt's last step to
 this attempt's start).

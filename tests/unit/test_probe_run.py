@@ -233,3 +233,27 @@ def test_rendezvous_timeout_exits_nonzero_naming_host(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "rendezvous timed out after 2 s: rank 0's host 127.0.0.1:" in result.stderr
     assert not (tmp_path / "rank-1.h5").exists()
+
+
+@pytest.fixture
+def full_dir(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "full"
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs here: {res.stderr.strip()}")
+    yield path
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def test_full_output_storage_fails_the_rank_clearly(full_dir: Path) -> None:
+    (result,) = run_local(
+        1, ["--steps", "5000", "--out", str(full_dir / "out"), "--flush-every", "1", *QUIET]
+    )
+    assert result.returncode == 1
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("probe: error:")]
+    assert "No space left on device" in line and "peer" not in line

@@ -64,6 +64,16 @@ def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> No
         log.info("%s cleanup: %s", kind, line)
 
 
+def _job_nodes(env: Mapping[str, str], runner: Runner, job: str, spec: str) -> list[str]:
+    """The job's nodes: Slurm 22.05's prolog has no SLURM_JOB_NODELIST, so ask once (time-bounded),
+    and only when a fault needs the list (slow-node picks its node by index)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "")
+    if not nodelist and "slow-node" in spec:
+        res = runner(["squeue", "-h", "-j", job, "-o", "%N"], timeout=5)
+        nodelist = res.stdout.strip() if res.ok else ""
+    return expand_hostlist(nodelist)
+
+
 def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> None:
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     if not job or not node:
@@ -80,7 +90,7 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> 
         _deadline(env, args.deadline),
         args.journal_root,
         runner,
-        nodes=expand_hostlist(env.get("SLURM_JOB_NODELIST", "")),
+        nodes=_job_nodes(env, runner, job, spec),
         uid=_int(env, "SLURM_JOB_UID"),
         gid=_int(env, "SLURM_JOB_GID"),
         log_file=args.log_file,
