@@ -227,7 +227,6 @@ def _agree_resume(directory: Path, rank: int, world: int) -> int:
 
 def _resume(cfg: ProbeConfig, rv: Rendezvous, trainer: Any, directory: Path) -> tuple[int, float]:
     """Load the newest checkpoint all ranks can load; returns (restart step, seconds it took)."""
-    import torch
     import torch.distributed as dist
 
     t0 = time.perf_counter()
@@ -239,9 +238,7 @@ def _resume(cfg: ProbeConfig, rv: Rendezvous, trainer: Any, directory: Path) -> 
         except Exception as exc:  # a torn or unreadable file: fall back to an older one
             print(f"probe: rank {rv.rank}: checkpoint step {step} unreadable ({exc})", file=sys.stderr)
             ok = 0
-        flag = torch.tensor([ok], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        if int(flag.item()) == 1:
+        if _allreduce_int(ok, dist.ReduceOp.MIN) == 1:
             break
         older = [s for s in ckpt.complete_steps(directory, rv.rank) if s < step]
         step = _agree_resume_below(older)
@@ -249,12 +246,20 @@ def _resume(cfg: ProbeConfig, rv: Rendezvous, trainer: Any, directory: Path) -> 
 
 
 def _agree_resume_below(older: list[int]) -> int:
+    import torch.distributed as dist
+
+    return _allreduce_int(max(older, default=0), dist.ReduceOp.MIN)
+
+
+def _allreduce_int(value: int, op: Any = None) -> int:
+    """All-reduce one integer (sum by default); on a GPU tensor where the backend (nccl) needs one."""
     import torch
     import torch.distributed as dist
 
-    best = torch.tensor([max(older, default=0)], dtype=torch.int64)
-    dist.all_reduce(best, op=dist.ReduceOp.MIN)
-    return int(best.item())
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
+    return int(t.item())
 
 
 def _open_writer(
@@ -445,13 +450,8 @@ def _finish_checkpoints(checkpointer: ckpt.Checkpointer | None, writer: RankWrit
 
 
 def _sum_over_ranks(value: int) -> int:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.int64)
     with collective("final all_reduce of the checkpoint failure count"):
-        dist.all_reduce(t)
-    return int(t.item())
+        return _allreduce_int(value)
 
 
 @contextmanager

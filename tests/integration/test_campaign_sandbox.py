@@ -105,3 +105,87 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     drain = report["experiments"][1]
     assert drain["verdict"] != "NO EFFECT"
     assert _node_snapshot(sandbox.env) == before
+
+
+VERDICTS = {"PASSED", "BLIND SPOT", "NOT RECOVERED", "NO EFFECT", "INCONCLUSIVE"}
+
+
+def test_maintenance_campaign_gives_every_experiment_a_measured_verdict(
+    sandbox,
+    chaos_site: Path,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    before = _node_snapshot(sandbox.env)
+    out = tmp_path / "maintenance"
+    t0 = time.monotonic()
+    res = _cli(
+        "campaign",
+        "--site",
+        str(chaos_site),
+        "--suite",
+        "maintenance",
+        "--out",
+        str(out),
+        "-q",
+        env=sandbox.env,
+        timeout=15 * 60,
+    )
+    elapsed = time.monotonic() - t0
+    print(res.stdout)
+    print(f"maintenance campaign: {elapsed:.0f} s")
+    assert res.returncode in (0, 1), res.stderr
+    assert elapsed < 15 * 60
+    report = json.loads((out / "report.json").read_text())
+    entries = {e["name"]: e for e in report["experiments"]}
+    assert set(entries) == {
+        "control-aa",
+        "numa-mismatch",
+        "network-degradation",
+        "checkpoint-enospc",
+        "checkpoint-hang",
+        "node-drain-requeue",
+        "slow-rank",
+        "noisy-neighbour",
+        "rack-loss",
+        "known-slow-node",
+    }
+    for name, e in entries.items():
+        assert e["verdict"] in VERDICTS, name
+        # Every verdict rests on measured numbers.
+        assert e["baseline"]["n"] > 50 and e["fault_run"]["n"] > 20, name
+        assert isinstance(e["regression"], float) and isinstance(e["p_value"], float), name
+    # A rank slowed to 40% of its speed is detected by the full monitoring set-up.
+    assert entries["slow-rank"]["verdict"] == "PASSED", entries["slow-rank"]["reason"]
+    assert entries["slow-rank"]["regression"] > 0.2
+    # The requeued jobs resumed from their checkpoints, losing at most one interval.
+    for name in ("node-drain-requeue", "rack-loss"):
+        assert entries[name]["lost_steps"] <= 40, name
+        assert entries[name]["verdict"] != "NO EFFECT", name
+    assert (out / "report.html").stat().st_size > 10_000
+    assert (out / "report.xml").exists()
+    assert _node_snapshot(sandbox.env) == before
+
+
+def test_weaker_monitoring_reports_a_blind_spot(sandbox, chaos_site: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same slowed rank on a site whose health check leaves out stragglers and reads no alerts."""
+    weak = chaos_site.parent / "sandbox-weak-monitoring.yaml"
+    out = tmp_path / "weak"
+    try:
+        res = _cli("run", "--site", str(weak), "slow-rank", "--out", str(out), "-q", env=sandbox.env)
+    finally:
+        # Put the full health check back for whatever runs next.
+        _cli(
+            "plugin",
+            "install",
+            "--site",
+            str(chaos_site),
+            "--prefix",
+            str(sandbox.shared_dir.parent / "prefix"),
+            env=sandbox.env,
+        )
+    assert res.returncode == 1, res.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["experiments"]
+    assert entry["verdict"] == "BLIND SPOT", entry["reason"]
+    assert entry["significant"] is True
+    assert entry["regression"] > 0.2
+    assert "BLIND SPOT" in res.stdout
