@@ -43,18 +43,50 @@ def main() -> int:
     env = {**os.environ, "SLURM_CHAOS_SANDBOX": args.sandbox}
     site = REPO / "site_configs" / "sandbox.yaml"
     try:
-        subprocess.run([sys.executable, "-m", "slurm_chaos", "plugin", "install", "--site", str(site),
-                        "--prefix", str(sb.layout().root / "prefix")], env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slurm_chaos",
+                "plugin",
+                "install",
+                "--site",
+                str(site),
+                "--prefix",
+                str(sb.layout().root / "prefix"),
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         with tempfile.TemporaryDirectory() as tmp:
             suite = Path(tmp) / "suite.yaml"
             suite.write_text(json.dumps({"name": "bench", "experiments": args.experiments.split(",")}))
             out = Path(tmp) / "run"
-            subprocess.run([sys.executable, "-m", "slurm_chaos", "campaign", "--site", str(site), "--suite",
-                            str(suite), "--out", str(out), "-q"], env=env, check=False, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "slurm_chaos",
+                    "campaign",
+                    "--site",
+                    str(site),
+                    "--suite",
+                    str(suite),
+                    "--out",
+                    str(out),
+                    "-q",
+                ],
+                env=env,
+                check=False,
+                capture_output=True,
+            )
             m = read_manifest(out)
             t = m.timings
-            print(f"{'experiment':<20} {'render':>7} {'queue':>7} {'job-probe':>9} {'collect':>8} "
-                  f"{'analyse':>8} {'overhead':>9} {'probe':>7}  (seconds)")
+            print(
+                f"{'experiment':<20} {'render':>7} {'queue':>7} {'job-probe':>9} {'collect':>8} "
+                f"{'analyse':>8} {'overhead':>9} {'probe':>7}  (seconds)"
+            )
             n = max(len(m.experiments), 1)
             for name in m.experiments:
                 job = m.job(name, "fault")
@@ -66,8 +98,10 @@ def main() -> int:
                 collect = t.get(f"{name}.collect", 0.0)
                 analyse = t.get("analyse", 0.0) / n
                 overhead = render + queue + beyond + collect + analyse
-                print(f"{name:<20} {render:7.3f} {queue:7.2f} {beyond:9.2f} {collect:8.3f} {analyse:8.2f} "
-                      f"{overhead:9.2f} {span:7.2f}")
+                print(
+                    f"{name:<20} {render:7.3f} {queue:7.2f} {beyond:9.2f} {collect:8.3f} {analyse:8.2f} "
+                    f"{overhead:9.2f} {span:7.2f}"
+                )
             print("goal: overhead under 10 s per experiment (the baseline job is shared and not counted)")
     finally:
         if started:

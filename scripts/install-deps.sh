@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 pkgs=(slurm-wlm slurm-client slurmdbd munge libslurm-dev slurm-wlm-basic-plugins-dev openmpi-bin libopenmpi-dev
       mariadb-server iproute2 util-linux procps gcc make clang libc6-dev stress-ng numactl fiu-utils libfiu-dev
-      prometheus prometheus-alertmanager chromium clang)
+      prometheus prometheus-alertmanager chromium)
 # Debian 13 renamed or split some packages: take whichever name this release has.
 for alt in "libpmix2t64 libpmix2" "hwloc-nox hwloc" "slurm-wlm-mysql-plugin"; do
   for p in $alt; do
@@ -29,7 +29,8 @@ fi
 PY=${PYTHON:-python3}
 # The CPU build of torch: a plain 'torch' requirement would pull a multi-GB CUDA build.
 "$PY" -c 'import torch' 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e '.[probe,dev]'
+# The gpu extra (nvidia-ml-py) is pure Python: the GPU paths degrade with a message where no GPU is.
+"$PY" -m pip install -q -e '.[probe,gpu,dev]'
 make -s -C spank_plugin
 make -s -C preload
 echo "slurm-chaos: dependencies installed"

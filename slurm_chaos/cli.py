@@ -135,10 +135,9 @@ def _faults(args: argparse.Namespace) -> int:
 
 
 def _plugin_install(args: argparse.Namespace) -> int:
+    from slurm_chaos.faults.install_hooks import site_journal_root
     from slurm_chaos.faults.plugin_install import install_plugin
     from slurm_chaos.runner import SubprocessRunner
-
-    from slurm_chaos.faults.install_hooks import site_journal_root
     from slurm_chaos.site import load_site
 
     journal = str(site_journal_root(load_site(args.site)))
@@ -288,7 +287,9 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = sub.add_parser("cleanup", help="revert leftover faults (a missed epilog, a killed campaign)")
     p.add_argument("--site", required=True, help="site config YAML")
     p.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2])")
-    p.add_argument("--run", metavar="RUN_DIR", help="also undo the controller faults (drains, lost nodes) of a run")
+    p.add_argument(
+        "--run", metavar="RUN_DIR", help="also undo the controller faults (drains, lost nodes) of a run"
+    )
     p.set_defaults(handler=_cleanup)
 
     p = sub.add_parser("faults", help="list every fault with its keys")

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
-
 from slurm_chaos.rundir import Manifest, read_manifest
 
 log = logging.getLogger(__name__)

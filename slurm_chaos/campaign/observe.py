@@ -81,7 +81,9 @@ class Watcher:
         if self.alertmanager:
             for alert in fetch_alerts(self.alertmanager):
                 labels = alert.get("labels")
-                name = labels.get("alertname") if isinstance(labels, dict) else None
-                if isinstance(name, str):
-                    self._add(f"alert-{name}", f"alert_firing:{name}", json.dumps(labels, sort_keys=True))
+                alertname = labels.get("alertname") if isinstance(labels, dict) else None
+                if isinstance(alertname, str):
+                    self._add(
+                        f"alert-{alertname}", f"alert_firing:{alertname}", json.dumps(labels, sort_keys=True)
+                    )
         return info

@@ -95,11 +95,16 @@ def _expand_range(r: str, item: str) -> list[str]:
     return [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
 
 
-def port_for_job(job_id: str) -> int:
-    """A port every rank of one job derives alike; a requeued job (same id) gets the same one."""
+def port_for_job(job_id: str, step_id: str = "0") -> int:
+    """A port every rank of one job step derives alike.
+
+    A requeued job (same id, steps numbered from 0 again) gets the same port; two steps of one job
+    running side by side get different ones.
+    """
     key = job_id.split("_")[0] or "0"
-    n = int(key) if key.isdigit() else zlib.crc32(key.encode())
-    return _PORT_BASE + n % _PORT_SPAN
+    job = int(key) if key.isdigit() else zlib.crc32(key.encode())
+    step = int(step_id) if step_id.isdigit() else 0
+    return _PORT_BASE + (job * 16 + step % 16) % _PORT_SPAN
 
 
 def detect_source(env: Mapping[str, str]) -> str:
@@ -156,11 +161,15 @@ def _make(
     )  # fmt: skip
 
 
+def _slurm_port(env: Mapping[str, str]) -> int:
+    return port_for_job(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"))
+
+
 def _from_env(env: Mapping[str, str]) -> Rendezvous:
     rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
     _check_rank(rank, world)
     addr = env.get("MASTER_ADDR", "127.0.0.1")
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else _slurm_port(env)
     local = int(env.get("LOCAL_RANK", "0"))
     return _make(env, rank, world, local, addr, port, "env")
 
@@ -173,7 +182,7 @@ def _from_slurm(env: Mapping[str, str]) -> Rendezvous:
     if not hosts:
         raise UsageError("SLURM_JOB_NODELIST is empty: cannot tell which host runs rank 0")
     addr = env.get("MASTER_ADDR", hosts[0])
-    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
+    port = _int(env, "MASTER_PORT") if "MASTER_PORT" in env else _slurm_port(env)
     local = int(env.get("SLURM_LOCALID", "0"))
     return _make(env, rank, world, local, addr, port, "slurm", hosts)
 

@@ -151,7 +151,9 @@ class Sandbox:
         return {"SLURM_CONF": str(layout.slurm_conf)}
 
     # ---------------------------------------------------------------- up
-    def up(self, nodes: int = 4, install: bool = True, health_interval: int = 5, monitoring: bool = True) -> Layout:
+    def up(
+        self, nodes: int = 4, install: bool = True, health_interval: int = 5, monitoring: bool = True
+    ) -> Layout:
         """Start whatever of the sandbox is not running yet and wait until every node is idle."""
         if os.geteuid() != 0:
             raise UsageError(
@@ -502,7 +504,18 @@ class Sandbox:
         self._stop_munge_if_last(layout, stopped)
         if purge:
             # Keep the logs for a post-mortem; everything else of the sandbox goes.
-            for sub in ("state", "spool", "tmp", "db", "run", "etc", "shared", "monitoring", "heartbeat", "health"):
+            for sub in (
+                "state",
+                "spool",
+                "tmp",
+                "db",
+                "run",
+                "etc",
+                "shared",
+                "monitoring",
+                "heartbeat",
+                "health",
+            ):
                 shutil.rmtree(layout.root / sub, ignore_errors=True)
             (layout.root / "sandbox.json").unlink(missing_ok=True)
         return stopped

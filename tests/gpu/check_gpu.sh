@@ -24,16 +24,16 @@ import pynvml; pynvml.nvmlInit(); print("NVML driver", pynvml.nvmlSystemGetDrive
 PY
 
 step "GPU tests (pytest tests/gpu)"
-timeout 420 "$PY" -m pytest -q -rs tests/gpu -p no:cacheprovider || fail=1
+timeout 300 "$PY" -m pytest -q -rs tests/gpu -p no:cacheprovider || fail=1
 
 step "probe: allreduce sweep 1 KiB .. 256 MiB (nccl)"
 NG=$("$PY" -c 'import torch; print(min(torch.cuda.device_count(), 8))')
-timeout 120 "$PY" - "$NG" "$OUT/allreduce" <<'PY' || fail=1
+timeout 90 "$PY" - "$NG" "$OUT/allreduce" <<'PY' || fail=1
 import sys
 from slurm_chaos.probe.local import run_local
 world, out = int(sys.argv[1]), sys.argv[2]
 res = run_local(world, ["--mode", "allreduce", "--steps", "20", "--min-bytes", "1024",
-                        "--max-bytes", str(256 * 2**20), "--out", out], timeout=110)
+                        "--max-bytes", str(256 * 2**20), "--out", out], timeout=85)
 print(res[0].stdout)
 bad = [r for r in res if r.returncode != 0]
 for r in bad:
@@ -42,7 +42,7 @@ sys.exit(1 if bad else 0)
 PY
 
 step "probe: train the medium model 100 steps (nccl), telemetry every 0.5 s"
-timeout 180 "$PY" - "$NG" "$OUT/train" <<'PY' || fail=1
+timeout 150 "$PY" - "$NG" "$OUT/train" <<'PY' || fail=1
 import sys
 import numpy as np
 from pathlib import Path
@@ -50,7 +50,7 @@ from slurm_chaos.probe.local import run_local
 from slurm_chaos.probe.reader import read_run
 world, out = int(sys.argv[1]), sys.argv[2]
 res = run_local(world, ["--steps", "100", "--model-size", "medium", "--out", out, "--progress-every", "25",
-                        "--telemetry-interval", "0.5"], timeout=170)
+                        "--telemetry-interval", "0.5"], timeout=140)
 print(res[0].stdout)
 if any(r.returncode for r in res):
     for r in res:

@@ -181,3 +181,14 @@ def test_numa_mismatch_is_recorded_when_pinned_away_from_the_gpu(nvml: Any, tmp_
     rk = read_run(tmp_path).ranks[0]
     assert rk.attrs["numa_mismatch"] is True and rk.attrs["gpu_numa_node"] == gpu_node
     assert any(e.kind == "numa_mismatch" and f"NUMA node {gpu_node}" in e.detail for e in rk.events)
+
+
+@needs_gpu
+def test_nccl_resume_from_checkpoint(tmp_path: Path) -> None:
+    world = min(GPUS, 2)
+    common = ["--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "10", "--progress-every", "0"]
+    _ok(run_local(world, ["--steps", "25", "--out", str(tmp_path / "out"), *common], timeout=300))
+    _ok(run_local(world, ["--steps", "40", "--out", str(tmp_path / "out"), *common], timeout=300))
+    for rk in read_run(tmp_path / "out").ranks:
+        assert rk.attrs["restart_step"] == 20 and rk.attrs["steps_lost"] == 5
+        assert any(e.kind == "checkpoint_saved" for e in rk.events)

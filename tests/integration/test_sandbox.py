@@ -105,8 +105,20 @@ def test_unreachable_slurm_is_a_clear_error_within_10_s(sandbox, tmp_path: Path)
     )
     t0 = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "slurm_chaos", "run", "--site", str(site), "control-aa", "--out", str(tmp_path / "r")],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "slurm_chaos",
+            "run",
+            "--site",
+            str(site),
+            "control-aa",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     elapsed = time.monotonic() - t0
     assert res.returncode == 1

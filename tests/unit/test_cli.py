@@ -53,7 +53,15 @@ def test_malformed_yaml_exits_2(tmp_path: Path) -> None:
 
 
 def test_unknown_experiment_exits_2(tmp_path: Path) -> None:
-    res = _cli("render", "--site", str(DATA / "sites" / "golden.yaml"), "--experiment", "nope", "--out", str(tmp_path))
+    res = _cli(
+        "render",
+        "--site",
+        str(DATA / "sites" / "golden.yaml"),
+        "--experiment",
+        "nope",
+        "--out",
+        str(tmp_path),
+    )
     assert res.returncode == 2
     assert "unknown experiment 'nope'" in res.stderr
 
@@ -79,6 +87,17 @@ def test_report_of_a_missing_run_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_help_lists_every_command() -> None:
     res = _cli("--help")
-    for cmd in ("sandbox", "render", "run", "campaign", "status", "compare", "report", "faults", "rank-nodes",
-                "plugin", "experiments"):
+    for cmd in (
+        "sandbox",
+        "render",
+        "run",
+        "campaign",
+        "status",
+        "compare",
+        "report",
+        "faults",
+        "rank-nodes",
+        "plugin",
+        "experiments",
+    ):
         assert cmd in res.stdout

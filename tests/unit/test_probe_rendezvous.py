@@ -45,7 +45,7 @@ def test_port_for_job_is_stable_and_in_range() -> None:
     assert all(29500 <= p < 32000 for p in ports)
     assert port_for_job("1234") == port_for_job("1234")
     assert port_for_job("1234") != port_for_job("1235")
-    assert port_for_job("77_3") == port_for_job("77")  # array tasks of one job share a base
+    assert port_for_job("1234", "0") != port_for_job("1234", "1")  # two steps side by side
 
 
 def test_detect_source_priority() -> None:
