@@ -24,6 +24,8 @@ NORMAL = "normal"
 # A rank must compute at least this much slower than the typical rank to be called a straggler,
 # more if the ranks' medians are spread wider than that anyway.
 MIN_SLOWDOWN = 0.05
+# ...and be slower than the other ranks' median in at least this share of the steps.
+MOST_STEPS = 0.75
 
 
 def _compute_matrix(run: RunData, n: int) -> FloatArray:
@@ -49,14 +51,11 @@ def straggler_scores(run: RunData, steps: BoolArray | slice | None = None) -> tu
     """Score every rank over the selected steps; slowest first, ties broken by rank."""
     n = run.matrix("step_time").shape[1]
     select: BoolArray | slice = slice(None) if steps is None else steps
-    compute = np.median(_compute_matrix(run, n)[:, select], axis=1)
+    per_step = _compute_matrix(run, n)[:, select]
+    compute = np.median(per_step, axis=1)
     comm = np.median(_comm_matrix(run, n)[:, select], axis=1)
     fastest = float(compute.min())
-    typical = float(np.median(compute))
-    mad = float(np.median(np.abs(compute - typical)))
-    # 1.4826 * MAD estimates the spread of healthy ranks; 5 of those is far outside it.
-    threshold = typical * (1.0 + MIN_SLOWDOWN) + 5.0 * 1.4826 * mad
-    slow = compute > threshold
+    slow = _slow_ranks(compute, per_step)
     kinds = _kinds(compute, comm, slow)
     scores = [
         StragglerScore(
@@ -71,6 +70,24 @@ def straggler_scores(run: RunData, steps: BoolArray | slice | None = None) -> tu
         for i, r in enumerate(run.ranks)
     ]
     return tuple(sorted(scores, key=lambda s: (s.score, s.rank)))
+
+
+def _slow_ranks(compute: FloatArray, per_step: FloatArray) -> BoolArray:
+    """Each rank against the others (leave one out, so two ranks suffice): far above their median
+    by more than their spread, and slower than them in most steps, not only in a few long ones."""
+    slow = np.zeros(len(compute), dtype=bool)
+    if len(compute) < 2:
+        return slow
+    for i in range(len(compute)):
+        others = np.delete(compute, i)
+        typical = float(np.median(others))
+        mad = float(np.median(np.abs(others - typical)))
+        # 1.4826 * MAD estimates the spread of healthy ranks; 5 of those is far outside it.
+        threshold = typical * (1.0 + MIN_SLOWDOWN) + 5.0 * 1.4826 * mad
+        others_steps = np.median(np.delete(per_step, i, axis=0), axis=0)
+        mostly_slower = per_step.shape[1] > 0 and float(np.mean(per_step[i] > others_steps)) >= MOST_STEPS
+        slow[i] = compute[i] > threshold and mostly_slower
+    return slow
 
 
 def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:
