@@ -200,7 +200,13 @@ class Cluster:
             if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
                 stopped.append(p)
         cgroups = sorted(p.name for p in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*"))
-        state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+        # A node stays "mixed"/"completing" for a few seconds after its last job, while the epilog runs.
+        deadline = time.monotonic() + 60
+        while True:
+            state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+            if state.rstrip("*") not in ("mixed", "completing", "allocated") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         return {
             "qdisc": qdisc,
             "mounts": mounts,

@@ -21,6 +21,7 @@ from slurm_chaos.faults import SpecError, load_catalogue, parse_spec
 from slurm_chaos.faults.spec import format_spec
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
+PRELOAD_DIR = Path(__file__).resolve().parents[2] / "preload"
 CHAOS_SPEC = PLUGIN_DIR / "build" / "chaos-spec"
 
 pytestmark = pytest.mark.skipif(
@@ -184,6 +185,7 @@ def _site_file(tmp_path: Path, plugstack: Path, safety: str) -> Path:
         .replace("${sandbox_etc}/plugstack.conf", str(plugstack))
         .replace("${sandbox_etc}", str(tmp_path))
         .replace("${sandbox_shared}", str(tmp_path))
+        .replace("${sandbox_root}", str(tmp_path))
         .replace("${prometheus_port}", "9090")
         .replace("${alertmanager_port}", "9093")
     )
@@ -213,7 +215,10 @@ def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
     result = install_plugin(
         _site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner, journal_dir="/var/lib/j"
     )
-    assert runner.calls == [("make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={tmp_path / 'prefix'}")]
+    assert runner.calls == [
+        ("make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={tmp_path / 'prefix'}"),
+        ("make", "-C", str(PRELOAD_DIR), "install", f"PREFIX={tmp_path / 'prefix'}"),
+    ]
     so = tmp_path / "prefix" / "lib" / "slurm-chaos" / "slurm_chaos.so"
     assert result.replaced and result.plugin_path == so
     assert plugstack.read_text().splitlines() == [
