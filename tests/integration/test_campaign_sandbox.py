@@ -27,7 +27,8 @@ def _node_snapshot(env: dict[str, str]) -> str:
         out = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %T %E %f %w"], env=env, capture_output=True, text=True, check=True
         ).stdout
-        if not any(s in out for s in (" mixed ", " completing ", " allocated ")) or time.monotonic() > deadline:
+        busy = any(s in out for s in (" mixed ", " completing ", " allocated "))
+        if not busy or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     # "reserved" is "idle" inside the maintenance reservation: a display difference, not a change.
