@@ -503,8 +503,12 @@ class Sandbox:
             self.runner(["ip", "link", "del", layout.bridge], timeout=10)
         self._stop_munge_if_last(layout, stopped)
         if purge:
-            # Keep the logs for a post-mortem; everything else of the sandbox goes.
+            # Keep the logs for a post-mortem; everything else of the sandbox goes, the fault journals
+            # too: a new slurmctld starts job ids at 1 again, and an old closed journal of job N would
+            # refuse the new job N.
             for sub in (
+                "journal",
+                "prefix",
                 "state",
                 "spool",
                 "tmp",
