@@ -25,7 +25,7 @@ from slurm_chaos.analysis.model import (
     write_observations,
 )
 from slurm_chaos.campaign import controller, remediation
-from slurm_chaos.campaign.observe import Watcher
+from slurm_chaos.campaign.observe import HEALTHCHECK_PREFIX, Watcher
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.experiment import Experiment
@@ -292,6 +292,7 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
             if interrupted:
                 print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
             log.info("%s: rolled back %s", exp.name, item)
+    _settle(camp, sorted(watcher.nodes_seen | set(record.nodes)))
     extra: list[Observation] = []
     if "reschedule_same_switch" in exp.expect.remediation:
         lost = {a.node for a in camp.journal.actions(exp.name, "lose")}
@@ -331,6 +332,31 @@ def run_experiment(camp: Campaign, exp: Experiment) -> None:
     camp.save()
 
 
+def _settle(camp: Campaign, nodes: list[str], timeout: float = 45.0) -> None:
+    """Wait for the health check to resume the nodes it drained during the fault; resume stragglers ourselves.
+
+    NHC-style checks resume only nodes they drained, once the check passes again (next interval);
+    the next experiment must not start with fewer nodes, and every node must end as it began.
+    """
+    if not nodes:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        held = [
+            n.name
+            for n in camp.scheduler.nodes(nodes).values()
+            if n.drain and n.reason.startswith(HEALTHCHECK_PREFIX)
+        ]
+        if not held:
+            return
+        if time.monotonic() > deadline:
+            for node in held:
+                log.warning("%s: the health check did not resume it within %.0f s; resuming", node, timeout)
+                camp.scheduler.resume(node)
+            return
+        time.sleep(POLL_S)
+
+
 @contextmanager
 def _interruptible() -> Iterator[None]:
     """SIGTERM behaves as Ctrl-C, so a cancelled campaign rolls back the same way."""
@@ -356,7 +382,11 @@ def stop(camp: Campaign) -> list[str]:
                 break
             time.sleep(POLL_S)
         camp.active.clear()
-    return controller.rollback(camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env())
+    undone = controller.rollback(
+        camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
+    )
+    _settle(camp, list(camp.site.partition_nodes))
+    return undone
 
 
 def run_campaign(camp: Campaign) -> bool:
