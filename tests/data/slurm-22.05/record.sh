@@ -1,10 +1,12 @@
 #!/bin/bash
-# Records real Slurm 22.05 output from the reference cluster into $D.
+# Records real Slurm 22.05 output from a running cluster into $D (default: this script's folder).
+# SLURM_CONF must name the cluster (e.g. `eval $(slurm-chaos sandbox env)`); C is its shared directory.
 set -u
-export SLURM_CONF=/tmp/h-slurm-ref/etc/slurm.conf
-D=${D:-/work/main/tests/data/slurm-22.05}
+C=${C:-/tmp/h-slurm-ref}
+export SLURM_CONF=${SLURM_CONF:-$C/etc/slurm.conf}
+D=${D:-$(cd "$(dirname "$0")" && pwd)}
 mkdir -p $D
-cd /tmp/h-slurm-ref/jobs
+mkdir -p $C/jobs && cd $C/jobs
 sinfo --version > $D/sinfo_version.txt
 # reservation on node[3-4], drain node4
 scontrol create reservation ReservationName=maint Nodes=node[3-4] Users=root StartTime=now Duration=120 Flags=MAINT,IGNORE_JOBS
