@@ -278,7 +278,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("run_dirs", nargs="+", metavar="DIR", help="probe output or run directories")
     p.add_argument(
-        "--threshold", type=float, default=0.85, help="speed below which a node is slow (default 0.85)"
+        "--threshold", type=float, default=0.9, help="speed below which a node is slow (default 0.9)"
     )
     p.add_argument("--site", help="site config YAML (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")

@@ -11,14 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_chaos.analysis.straggler import straggler_scores
+from slurm_chaos.analysis.straggler import SLOW_COMPUTE, straggler_scores
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.runner import Runner
 from slurm_chaos.slurm.model import NodeInfo
 
 FAST_FEATURE = "fast"
-SLOW_THRESHOLD = 0.85  # a node below 85% of the fastest node's speed is "slow"
+SLOW_THRESHOLD = 0.90  # a node below 90% of the fastest node's speed is "slow"
 BASE_WEIGHT = 1
 
 
@@ -48,19 +48,24 @@ def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> l
     """Slowest first: each node's score is its worst rank's score per run, then the median over runs."""
     per_node: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
+    flagged: dict[str, int] = {}
     for d in run_dirs:
         run = read_run(d)
         worst: dict[str, float] = {}
         for s in straggler_scores(run):
             worst[s.host] = min(worst.get(s.host, 1.0), s.score)
             counts[s.host] = counts.get(s.host, 0) + 1
+            if s.kind == SLOW_COMPUTE:
+                flagged[s.host] = flagged.get(s.host, 0) + 1
         for host, score in worst.items():
             per_node.setdefault(host, []).append(score)
     ranking = []
     for node, scores in per_node.items():
         scores.sort()
         median = scores[len(scores) // 2]
-        slow = median < threshold
+        # Slow: far below the fastest node, or its ranks were found computing slowly (the straggler
+        # test, which weighs the spread between ranks) in at least half of the runs.
+        slow = median < threshold or 2 * flagged.get(node, 0) >= len(scores)
         # Weight grows with slowness: 1 for full speed, up to 100 for a node at a tenth of it.
         weight = BASE_WEIGHT if not slow else max(2, min(100, round(BASE_WEIGHT / max(median, 0.01))))
         ranking.append(NodeRank(node, median, counts[node], slow, weight))

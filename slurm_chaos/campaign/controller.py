@@ -88,7 +88,11 @@ class SandboxNodeControl:
             if info is not None and "NOT_RESPONDING" not in info.state:
                 break
             time.sleep(0.5)
-        self.scheduler.resume(node)
+        info = self.scheduler.nodes([node]).get(node)
+        # With ReturnToService=2 Slurm returns a node by itself once it answers again; resuming a
+        # node that is neither down nor drained is an error, and not needed.
+        if info is None or info.state & {"DOWN", "DRAIN"}:
+            self.scheduler.resume(node)
 
 
 @dataclass(frozen=True)
