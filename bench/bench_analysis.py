@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from slurm_chaos.analysis.regression import compare_runs
-from slurm_chaos.analysis.straggler import straggler_scores, stragglers
+from slurm_chaos.analysis.commands import compare_and_localise
+from slurm_chaos.analysis.straggler import stragglers
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticRun, host_of, simulate, write_run
 from slurm_chaos.probe.reader import RankData, RunData, read_run
 
@@ -48,8 +48,9 @@ def in_memory(run: SyntheticRun, name: str) -> RunData:
 
 
 def analyse(base: RunData, fault: RunData) -> tuple[float, int]:
-    c = compare_runs(base, fault)
-    slow = stragglers(straggler_scores(fault))
+    """What `slurm-chaos compare` computes: the comparison and the straggler scores."""
+    c, scores = compare_and_localise(base, fault)
+    slow = stragglers(scores)
     return c.regression, slow[0].rank if slow else -1
 
 
@@ -90,12 +91,14 @@ def main() -> None:
             del base_run, fault_run, base, fault
             rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
             t0 = time.perf_counter()
-            regression, slow = analyse(read_run(Path(tmp) / "baseline"), read_run(Path(tmp) / "fault"))
+            runs = read_run(Path(tmp) / "baseline"), read_run(Path(tmp) / "fault")
+            reading = time.perf_counter() - t0
+            regression, slow = analyse(*runs)
             elapsed = time.perf_counter() - t0
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
         print(
             f"from HDF5 files (read + analysis): {elapsed:.2f} s, {records / elapsed:,.0f} records/s "
-            f"(writing them took {written:.1f} s)"
+            f"(reading {2 * args.ranks} files: {reading:.2f} s; writing them took {written:.1f} s)"
         )
         print(f"  process peak RSS {rss:.2f} GiB (already {rss_before:.2f} GiB after generating the data)")
 

@@ -20,7 +20,7 @@ from slurm_chaos.analysis.report import (
 )
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.errors import ChaosError, UsageError
-from slurm_chaos.probe.reader import read_run
+from slurm_chaos.probe.reader import RunData, read_run
 
 COMPARE_FORMATS = ("text", "table", "json")
 REPORT_FORMATS = tuple(RENDERERS)
@@ -35,6 +35,16 @@ def _compare_record(c: Comparison, slow: tuple[StragglerScore, ...], waiters: in
     return record
 
 
+def compare_and_localise(
+    baseline: RunData, fault: RunData, min_effect: float = MIN_EFFECT
+) -> tuple[Comparison, tuple[StragglerScore, ...]]:
+    """The comparison of two runs, and every rank's straggler score where the fault acted: from
+    the detected onset, or after the warm-up when no onset was found."""
+    c = compare_runs(baseline, fault, min_effect=min_effect)
+    start = c.fault_warmup_steps if c.onset_step is None else c.onset_step
+    return c, straggler_scores(fault, slice(start, None))
+
+
 def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_EFFECT) -> str:
     """Compare two probe run directories; JSON or an aligned text summary.
 
@@ -42,12 +52,7 @@ def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_
     """
     if fmt not in COMPARE_FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(COMPARE_FORMATS)}")
-    base_run, fault_run = read_run(baseline), read_run(fault)
-    c = compare_runs(base_run, fault_run, min_effect=min_effect)
-    # Score ranks where the fault acted: from the detected onset, or after the warm-up.
-    scores = straggler_scores(
-        fault_run, slice(c.fault_warmup_steps if c.onset_step is None else c.onset_step, None)
-    )
+    c, scores = compare_and_localise(read_run(baseline), read_run(fault), min_effect)
     slow = stragglers(scores)
     waiters = sum(s.kind == "waits_in_allreduce" for s in scores)
     record = _compare_record(c, slow, waiters)

@@ -78,16 +78,39 @@ def _slow_ranks(compute: FloatArray, per_step: FloatArray) -> BoolArray:
     slow = np.zeros(len(compute), dtype=bool)
     if len(compute) < 2:
         return slow
+    candidates = []
     for i in range(len(compute)):
         others = np.delete(compute, i)
         typical = float(np.median(others))
         mad = float(np.median(np.abs(others - typical)))
         # 1.4826 * MAD estimates the spread of healthy ranks; 5 of those is far outside it.
-        threshold = typical * (1.0 + MIN_SLOWDOWN) + 5.0 * 1.4826 * mad
-        others_steps = np.median(np.delete(per_step, i, axis=0), axis=0)
-        mostly_slower = per_step.shape[1] > 0 and float(np.mean(per_step[i] > others_steps)) >= MOST_STEPS
-        slow[i] = compute[i] > threshold and mostly_slower
+        if compute[i] > typical * (1.0 + MIN_SLOWDOWN) + 5.0 * 1.4826 * mad:
+            candidates.append(i)
+    if not candidates or per_step.shape[1] == 0:
+        return slow
+    others_steps = _leave_one_out_medians(per_step, candidates)
+    for row, i in enumerate(candidates):
+        slow[i] = float(np.mean(per_step[i] > others_steps[row])) >= MOST_STEPS
     return slow
+
+
+def _leave_one_out_medians(per_step: FloatArray, ranks: list[int]) -> FloatArray:
+    """Per step, the median over all ranks but one, for each of ``ranks``: one partition of the
+    matrix (the middle order statistics), not one median of the whole matrix per rank."""
+    n = per_step.shape[0]
+    if n < 4:
+        return np.stack([np.median(np.delete(per_step, i, axis=0), axis=0) for i in ranks])
+    k = n // 2
+    mid = np.partition(per_step, [k - 1, k, k + 1], axis=0)[k - 1 : k + 2]
+    below, at, above = mid[0], mid[1], mid[2]  # sorted positions k-1, k, k+1
+    x = per_step[ranks]
+    if n % 2 == 0:
+        # n - 1 left, odd: the median is the remaining value at position k - 1.
+        return np.where(x <= below, at, below)
+    # n - 1 left, even: the mean of the remaining values at positions k - 1 and k.
+    low = np.where(x <= below, at, below)
+    high = np.where(x <= at, above, at)
+    return 0.5 * (low + high)
 
 
 def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:

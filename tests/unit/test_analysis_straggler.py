@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from slurm_chaos.analysis.straggler import NORMAL, SLOW_COMPUTE, WAITS, straggler_scores, stragglers
+from slurm_chaos.analysis.straggler import (
+    NORMAL,
+    SLOW_COMPUTE,
+    WAITS,
+    _leave_one_out_medians,
+    straggler_scores,
+    stragglers,
+)
 from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.probe.reader import read_run
 
@@ -58,3 +66,12 @@ def test_no_gpu_means_gpu_none(tmp_path: Path) -> None:
         write_run(tmp_path / "r", simulate(replace(MODEL, gpus=False, slow_rank=0, slow_rank_factor=0.3)))
     )
     assert stragglers(straggler_scores(run))[0].gpu is None
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8, 9])
+def test_leave_one_out_medians_match_the_direct_computation(ranks: int) -> None:
+    rng = np.random.default_rng(ranks)
+    for matrix in (rng.normal(size=(ranks, 50)), rng.integers(0, 3, size=(ranks, 50)).astype(float)):
+        direct = np.stack([np.median(np.delete(matrix, i, axis=0), axis=0) for i in range(ranks)])
+        np.testing.assert_allclose(_leave_one_out_medians(matrix, list(range(ranks))), direct)
+
