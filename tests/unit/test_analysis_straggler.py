@@ -74,4 +74,3 @@ def test_leave_one_out_medians_match_the_direct_computation(ranks: int) -> None:
     for matrix in (rng.normal(size=(ranks, 50)), rng.integers(0, 3, size=(ranks, 50)).astype(float)):
         direct = np.stack([np.median(np.delete(matrix, i, axis=0), axis=0) for i in range(ranks)])
         np.testing.assert_allclose(_leave_one_out_medians(matrix, list(range(ranks))), direct)
-
