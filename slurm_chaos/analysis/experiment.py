@@ -15,13 +15,14 @@ from slurm_chaos.analysis.model import (
     FaultWindow,
     Observation,
     ObservationLog,
+    Verdict,
     load_observations,
 )
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.reader import RunData, read_run
+from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -55,9 +56,9 @@ class ExperimentAnalysis:
 
     result: ExperimentResult
     baseline: RunData
-    fault: RunData
+    fault: RunData | None  # None: the fault job left no probe files
     baseline_series: JobSeries
-    fault_series: JobSeries
+    fault_series: JobSeries | None
     window: FaultWindow
     fault_steps: npt.NDArray[np.bool_]  # the fault run's steps that count as under fault
 
@@ -97,8 +98,27 @@ def load_manifest(run_dir: Path) -> Manifest:
 def _read_side(exp_dir: Path, side: str) -> RunData:
     directory = exp_dir / side
     if not directory.is_dir():
-        raise DataError(f"{exp_dir.name}: missing {side} run ({directory} does not exist)")
+        raise MissingProbeFiles(f"{exp_dir.name}: missing {side} run ({directory} does not exist)")
     return read_run(directory)
+
+
+def _without_fault_run(
+    name: str, log: ObservationLog, baseline: RunData, missing: MissingProbeFiles
+) -> ExperimentAnalysis:
+    """A fault job that left no probe files (it never ran, or died before its first flush) did
+    not finish its training: NOT RECOVERED, with what was observed, not a failed report."""
+    result = ExperimentResult(
+        name=name,
+        fault=log.fault,
+        verdict=Verdict.NOT_RECOVERED,
+        reason=f"the fault run left no probe data ({missing}): training never ran or died early",
+        comparison=None,
+        crashed=True,
+        world_size=baseline.world_size,
+        observations=log.observations,
+    )
+    b = job_series(baseline)
+    return ExperimentAnalysis(result, baseline, None, b, None, log.fault_window, np.zeros(0, dtype=np.bool_))
 
 
 def probe_observations(run: RunData) -> tuple[Observation, ...]:
@@ -153,7 +173,10 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
     log = load_observations(exp_dir / OBSERVATIONS_FILE)
     baseline = _read_side(exp_dir, "baseline")
-    fault = _read_side(exp_dir, "fault")
+    try:
+        fault = _read_side(exp_dir, "fault")
+    except MissingProbeFiles as missing:
+        return _without_fault_run(name, log, baseline, missing)
     if baseline.world_size != fault.world_size:
         raise DataError(
             f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "

@@ -15,6 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_chaos.analysis.experiment import ExperimentAnalysis
+from slurm_chaos.analysis.regression import JobSeries
+from slurm_chaos.probe.reader import RunData
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -58,8 +60,14 @@ def _reduce(x: FloatArray, edges: npt.NDArray[np.int64], how: str = "median") ->
     return np.asarray([f(x[..., lo:hi], axis=-1) for lo, hi in itertools.pairwise(edges)]).T
 
 
+def _fault_run(a: ExperimentAnalysis) -> tuple[RunData, JobSeries]:
+    if a.fault is None or a.fault_series is None:
+        raise ValueError(f"{a.result.name}: no fault-run data to plot")
+    return a.fault, a.fault_series
+
+
 def _time_axis(a: ExperimentAnalysis) -> tuple[FloatArray, str, float]:
-    t = a.fault_series.t_start
+    t = _fault_run(a)[1].t_start
     if len(t) and np.isfinite(t).all():
         return t - t[0], "seconds since the fault run started", float(t[0])
     return np.arange(len(t), dtype=np.float64), "step", 0.0
@@ -69,17 +77,18 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     """Per-rank step time of the fault run over time, fault window shaded, baseline median dashed."""
     plt = _pyplot()
     x, label, t0 = _time_axis(a)
-    step = a.fault.matrix("step_time")
-    compute = a.fault.matrix("compute_time") if "compute_time" in a.fault.ranks[0].fields else step
+    fault = _fault_run(a)[0]
+    step = fault.matrix("step_time")
+    compute = fault.matrix("compute_time") if "compute_time" in fault.ranks[0].fields else step
     edges = _bins(len(x), MAX_POINTS)
     xs = _reduce(x, edges)
     fig, ax = plt.subplots(figsize=(9, 3.2))
     shown = [s.rank for s in a.result.stragglers[:MAX_TIMELINE_RANKS]]
-    shown += [r for r in range(min(a.fault.world_size, MAX_TIMELINE_RANKS)) if r not in shown]
+    shown += [r for r in range(min(fault.world_size, MAX_TIMELINE_RANKS)) if r not in shown]
     ax.plot(xs, 1e3 * _reduce(step.max(axis=0), edges), color="black", lw=1.2, label="step (max over ranks)")
     for r in shown[:MAX_TIMELINE_RANKS]:
         ax.plot(
-            xs, 1e3 * _reduce(compute[r], edges), lw=0.8, label=f"rank {r} compute ({a.fault.ranks[r].host})"
+            xs, 1e3 * _reduce(compute[r], edges), lw=0.8, label=f"rank {r} compute ({fault.ranks[r].host})"
         )
     c = a.result.comparison
     if c is not None and c.baseline.median == c.baseline.median:
@@ -106,7 +115,7 @@ def distribution_svg(a: ExperimentAnalysis) -> str:
     c = a.result.comparison
     bw = c.baseline_warmup_steps if c else 0
     base = 1e3 * a.baseline_series.step_time[bw:]
-    fault = 1e3 * a.fault_series.step_time[a.fault_steps]
+    fault = 1e3 * _fault_run(a)[1].step_time[a.fault_steps]
     both = np.concatenate([base, fault])
     lo, hi = np.percentile(both, [0.5, 99.5]) if len(both) else (0.0, 1.0)
     edges = np.linspace(lo, hi if hi > lo else lo + 1.0, 60)
@@ -139,8 +148,9 @@ def _time_columns(m: FloatArray, x: FloatArray, columns: int) -> FloatArray:
 def heatmap_svg(a: ExperimentAnalysis) -> str:
     """Ranks x time heat map of compute time relative to the run's median (who was slow, when)."""
     plt = _pyplot()
-    name = "compute_time" if "compute_time" in a.fault.ranks[0].fields else "step_time"
-    m = a.fault.matrix(name)
+    fault = _fault_run(a)[0]
+    name = "compute_time" if "compute_time" in fault.ranks[0].fields else "step_time"
+    m = fault.matrix(name)
     x, label, _ = _time_axis(a)
     # Equal time bins, so the fault window lines up with the timeline above even when steps vary in length.
     reduced = _time_columns(m, x, min(MAX_HEAT_COLUMNS, m.shape[1])) if len(x) > 1 else m

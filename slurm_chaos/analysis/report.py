@@ -132,6 +132,8 @@ def render_json(report: RunReport) -> str:
 
 
 def _duration(a: ExperimentAnalysis) -> str:
+    if a.fault_series is None:
+        return "0.000"
     t = a.fault_series.t_start
     seconds = float(t[-1] - t[0] + a.fault_series.step_time[-1]) if len(t) and math.isfinite(t[0]) else 0.0
     return f"{max(0.0, seconds):.3f}"
@@ -199,8 +201,6 @@ def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
 
 
 def _experiment_html(a: ExperimentAnalysis) -> str:
-    from slurm_chaos.analysis import plots
-
     r, c = a.result, a.result.comparison
     e = html.escape
     numbers: list[tuple[str, str]] = [
@@ -252,9 +252,19 @@ def _experiment_html(a: ExperimentAnalysis) -> str:
         f"<th>GPU</th><th>score</th><th>kind</th></tr>{strag}</table>"
         "<h3>Observations (from fault start)</h3>"
         f"<table><tr><th>t</th><th>signal</th><th>detail</th></tr>{obs}"
-        f'</table></div></div><div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
+        f"</table></div></div>{_plots_html(a)}</section>"
+    )
+
+
+def _plots_html(a: ExperimentAnalysis) -> str:
+    from slurm_chaos.analysis import plots
+
+    if a.fault is None:
+        return '<p class="missing">The fault run left no probe files: nothing to plot.</p>'
+    return (
+        f'<div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
         f'<div class="row"><figure>{plots.distribution_svg(a)}</figure></div>'
-        f"<figure>{plots.heatmap_svg(a)}</figure></div></section>"
+        f"<figure>{plots.heatmap_svg(a)}</figure></div>"
     )
 
 

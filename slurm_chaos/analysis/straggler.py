@@ -106,11 +106,11 @@ def _leave_one_out_medians(per_step: FloatArray, ranks: list[int]) -> FloatArray
     x = per_step[ranks]
     if n % 2 == 0:
         # n - 1 left, odd: the median is the remaining value at position k - 1.
-        return np.where(x <= below, at, below)
+        return np.asarray(np.where(x <= below, at, below), dtype=np.float64)
     # n - 1 left, even: the mean of the remaining values at positions k - 1 and k.
     low = np.where(x <= below, at, below)
     high = np.where(x <= at, above, at)
-    return 0.5 * (low + high)
+    return np.asarray(0.5 * (low + high), dtype=np.float64)
 
 
 def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:

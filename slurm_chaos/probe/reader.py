@@ -173,13 +173,17 @@ def read_rank(path: Path) -> RankData:
     )
 
 
+class MissingProbeFiles(DataError):
+    """The run left no probe files at all: its job never ran or died before its first flush."""
+
+
 def read_run(directory: Path) -> RunData:
     """Read every `rank-<R>.h5` in `directory`; checks that ranks 0..world_size-1 are all there."""
     if not directory.is_dir():
-        raise DataError(f"{directory}: no such run directory")
+        raise MissingProbeFiles(f"{directory}: no such run directory")
     files = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _RANK_FILE.match(p.name)))
     if not files:
-        raise DataError(f"{directory}: no probe files (rank-<R>.h5)")
+        raise MissingProbeFiles(f"{directory}: no probe files (rank-<R>.h5)")
     ranks = tuple(read_rank(p) for _, p in files)
     world = {r.world_size for r in ranks}
     if len(world) != 1:

@@ -216,6 +216,27 @@ def test_missing_rank_file_is_a_data_error(copy: Path) -> None:
         report_dir(copy, "table", None)
 
 
+@pytest.mark.parametrize("left", ["empty directory", "no directory"])
+def test_fault_run_without_probe_files_is_not_recovered(copy: Path, left: str) -> None:
+    fault = copy / "experiments" / "cpu-hog" / "fault"
+    shutil.rmtree(fault)
+    if left == "empty directory":
+        fault.mkdir()
+    table, code = report_dir(copy, "table", None)
+    assert code == 1
+    row = next(line for line in table.splitlines() if line.startswith("cpu-hog "))
+    assert "NOT RECOVERED" in row
+    assert "cpu-hog: NOT RECOVERED: the fault run left no probe data" in table
+    report_dir(copy, "html", None)
+    page = (copy / "report.html").read_text()
+    assert "The fault run left no probe files: nothing to plot." in page
+    assert page.count("<svg") > 0  # the other experiments keep their plots
+    data = json.loads(report_dir(copy, "json", None)[0])
+    (hog,) = (e for e in data["experiments"] if e["name"] == "cpu-hog")
+    assert (hog["verdict"], hog["crashed"], "regression" in hog) == ("NOT RECOVERED", True, False)
+    report_dir(copy, "junit", None)
+
+
 def test_mismatched_ranks_is_a_data_error(copy: Path) -> None:
     fault = copy / "experiments" / "a-a" / "fault"
     shutil.rmtree(fault)
