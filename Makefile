@@ -4,6 +4,8 @@
 SANDBOX ?= chaos
 SITE ?= site_configs/sandbox.yaml
 OUT ?= runs
+# A/A runs that measure the sandbox's run-to-run noise before the campaign (10 runs: 45 pairs).
+AA_RUNS ?= 10
 
 .PHONY: install demo test lint clean
 
@@ -13,7 +15,9 @@ install:
 demo: install
 	slurm-chaos sandbox up --name $(SANDBOX)
 	slurm-chaos plugin install --site $(SITE)
-	slurm-chaos campaign --site $(SITE) --suite maintenance --out $(OUT)/maintenance-$$(date +%Y%m%d-%H%M%S)
+	run=$(OUT)/maintenance-$$(date +%Y%m%d-%H%M%S); \
+	{ slurm-chaos calibrate --site $(SITE) --runs $(AA_RUNS) --out $$run-aa || test -f $$run-aa/calibration.json; } && \
+	slurm-chaos campaign --site $(SITE) --suite maintenance --calibration $$run-aa/calibration.json --out $$run
 
 test: install
 	bash scripts/run-tests.sh

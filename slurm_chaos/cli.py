@@ -181,6 +181,7 @@ def _campaign_options(args: argparse.Namespace) -> object:
         time_budget_min=args.time_budget,
         experiments_dirs=tuple(args.experiments_dir),
         quiet=args.quiet,
+        calibration=Path(args.calibration) if args.calibration else None,
     )
 
 
@@ -207,6 +208,37 @@ def _run(args: argparse.Namespace) -> int:
 
 def _campaign(args: argparse.Namespace) -> int:
     return _launch(args, None, args.suite, "campaign")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from slurm_chaos.campaign.calibrate import run_calibration, write_calibration
+    from slurm_chaos.campaign.commands import Options, start
+    from slurm_chaos.errors import UsageError
+    from slurm_chaos.experiment import load_experiment
+
+    if args.dirs:
+        from slurm_chaos.analysis.calibrate import calibrate_dirs, load_recommended_min_effect
+
+        min_effect = (
+            load_recommended_min_effect(Path(args.calibration)) if args.calibration else args.min_effect
+        )
+        result = calibrate_dirs([Path(d) for d in args.dirs], min_effect)
+        if args.out:
+            write_calibration(Path(args.out), result)
+    else:
+        if not args.site:
+            raise UsageError("calibrate needs --site (to run A/A jobs) or --dirs (to analyse runs)")
+        opts = _campaign_options(args)
+        assert isinstance(opts, Options)
+        prepared = start(opts, [load_experiment(args.experiment, opts.experiments_dirs)], None, "calibration")
+        if isinstance(prepared, str):
+            print(prepared)
+            print(f"then {args.runs} A/A runs, every pair compared")
+            return 0
+        print(f"run directory: {prepared.run_dir}", file=sys.stderr)
+        result = run_calibration(prepared, args.runs)
+    print(result.summary())
+    return 0 if result.ok else 1
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -248,8 +280,8 @@ def _rank_nodes(args: argparse.Namespace) -> int:
 
 
 def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--site", required=True, help="site config YAML")
+    def common(p: argparse.ArgumentParser, site_required: bool = True) -> None:
+        p.add_argument("--site", required=site_required, help="site config YAML")
         p.add_argument("--out", help="run directory (default: runs/<run id>)")
         p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
         p.add_argument("--dry-run", action="store_true", help="render and print the plan; submit nothing")
@@ -260,6 +292,12 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
         )
         p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+        p.add_argument(
+            "--calibration",
+            metavar="FILE",
+            help="calibration.json of 'slurm-chaos calibrate': raise the practical threshold of "
+            "every comparison to its recommended min_effect (this cluster's run-to-run noise)",
+        )
 
     p = sub.add_parser("run", help="run one experiment: baseline, fault job, watch, roll back, report")
     p.add_argument("experiment", metavar="EXPERIMENT", help="experiment name or YAML file")
@@ -272,6 +310,25 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
     common(p)
     p.set_defaults(handler=_campaign)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="A/A calibration: run the unfaulted control job N times, report the false-positive rate",
+    )
+    p.add_argument("--runs", type=int, default=12, help="A/A runs to submit (default 12: 66 pairs)")
+    p.add_argument(
+        "--experiment", default="control-aa", help="the unfaulted experiment to repeat (default control-aa)"
+    )
+    p.add_argument("--dirs", nargs="+", metavar="DIR", help="analyse these probe run directories instead")
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.05,
+        help="with --dirs: practical threshold (default 0.05, the campaigns' max_regression; "
+        "--calibration sets it from an earlier calibration instead)",
+    )
+    common(p, site_required=False)
+    p.set_defaults(handler=_calibrate)
 
     p = sub.add_parser(
         "rank-nodes", help="rank nodes by the probe's measured speed; propose Slurm weights/features"

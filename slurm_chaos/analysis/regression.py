@@ -24,6 +24,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +35,8 @@ from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import RunData
 
 FloatArray = npt.NDArray[np.float64]
+
+T = TypeVar("T")
 
 ALPHA = 0.01
 MIN_EFFECT = 0.01
@@ -382,10 +385,8 @@ def aa_false_positive_rate(
     ``upper_95`` is the one-sided 95% Clopper-Pearson bound on the true rate, so a small number of
     pairs is not mistaken for proof of a low rate.
     """
-    flagged: list[float] = []
-    total = 0
-    for i, (a, b) in enumerate(pairs):
-        c = compare_series(
+    comparisons = [
+        compare_series(
             JobSeries(a, np.full(len(a), np.nan)),
             JobSeries(b, np.full(len(b), np.nan)),
             alpha=alpha,
@@ -393,11 +394,17 @@ def aa_false_positive_rate(
             n_boot=n_boot,
             seed=SEED + i,
         )
-        total += 1
-        if c.significant:
-            flagged.append(abs(c.regression))
+        for i, (a, b) in enumerate(pairs)
+    ]
+    return calibration_of(comparisons, min_effect)
+
+
+def calibration_of(comparisons: Sequence[Comparison], min_effect: float = MIN_EFFECT) -> Calibration:
+    """The A/A calibration of comparisons between runs in which nothing changed."""
+    total = len(comparisons)
     if total == 0:
         raise ValueError("A/A calibration needs at least one pair")
+    flagged = [abs(c.regression) for c in comparisons if c.significant]
     hits = len(flagged)
     upper = 1.0 if hits == total else float(sps.beta.ppf(0.95, hits + 1, total - hits))
     # Raising min_effect above the k-th largest flagged effect leaves k - 1 false positives; allow 1%.
@@ -407,6 +414,6 @@ def aa_false_positive_rate(
     return Calibration(total, hits, hits / total, upper, threshold)
 
 
-def aa_pairs(runs: Sequence[FloatArray]) -> list[tuple[FloatArray, FloatArray]]:
+def aa_pairs(runs: Sequence[T]) -> list[tuple[T, T]]:
     """Every unordered pair of distinct baseline runs (job series), for :func:`aa_false_positive_rate`."""
     return list(itertools.combinations(runs, 2))

@@ -101,7 +101,11 @@ def render_table(report: RunReport) -> str:
     ]
     rows = [header] + [_row(r) for r in report.results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"run {m.run_id}  site {m.site or '-'}  started {m.started or '-'}", ""]
+    lines = [
+        f"run {m.run_id}  site {m.site or '-'}  started {m.started or '-'}  "
+        f"significant: p < {ALPHA:g} and a change of at least {100 * m.min_effect:.1f}%",
+        "",
+    ]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
     lines.append("")
     lines += [f"{r.name}: {r.verdict.value}: {r.reason}" for r in report.results]

@@ -18,6 +18,7 @@ from slurm_chaos.render import check_limits
 from slurm_chaos.runner import SubprocessRunner
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
+from slurm_chaos.slurm.model import JobState
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class Options:
     time_budget_min: float | None = None
     experiments_dirs: tuple[Path, ...] = ()
     quiet: bool = False
+    calibration: Path | None = None
 
 
 def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
@@ -91,6 +93,11 @@ def start(
     if suite is not None:
         experiments = load_suite(suite, opts.experiments_dirs)
     assert experiments is not None
+    floor = 0.0
+    if opts.calibration is not None:
+        from slurm_chaos.analysis.calibrate import load_recommended_min_effect
+
+        floor = load_recommended_min_effect(opts.calibration)
     if opts.dry_run:
         return describe_plan(site, experiments)
     scheduler = _scheduler(site)
@@ -110,6 +117,7 @@ def start(
         kind=kind,
         progress=Progress(quiet=opts.quiet),
         time_budget_s=opts.time_budget_min * 60 if opts.time_budget_min else None,
+        min_effect_floor=floor,
     )
 
 
@@ -145,6 +153,21 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
     done = cleanup(site_journal_root(site), nodes, runner)
     if run_dir is not None:
         scheduler = _scheduler(site)
+        done += cancel_run_jobs(run_dir, scheduler)
         journal = controller.ControllerJournal(run_dir / "controller-journal.jsonl")
         done += controller.rollback(journal, scheduler, _control(site, scheduler), runner, site.slurm_env())
     return done
+
+
+def cancel_run_jobs(run_dir: Path, scheduler: Scheduler) -> list[str]:
+    """Cancel the run's jobs that Slurm still has queued or running (their campaign was killed);
+    each job's epilog then reverts its node faults."""
+    from slurm_chaos.rundir import read_manifest
+
+    manifest = read_manifest(run_dir)
+    ids = [j.job_id for j in manifest.jobs]
+    polled = scheduler.poll(ids) if ids else {}
+    live = [i for i, info in polled.items() if not info.state.is_terminal or info.state == JobState.REQUEUED]
+    if live:
+        scheduler.cancel(live)
+    return [f"job {i} of {run_dir.name} cancelled" for i in sorted(live)]

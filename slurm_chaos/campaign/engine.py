@@ -102,8 +102,13 @@ def open_campaign(
     kind: str,
     progress: Progress,
     time_budget_s: float | None = None,
+    min_effect_floor: float = 0.0,
 ) -> Campaign:
-    """A new run directory (or the one to resume), with every experiment checked before anything runs."""
+    """A new run directory (or the one to resume), with every experiment checked before anything runs.
+
+    ``min_effect_floor`` (from an A/A calibration of the cluster) raises the practical threshold of
+    every comparison to what run-to-run noise alone does not reach.
+    """
     for exp in experiments:
         check_limits(site, exp)
         spec = fault_spec(site, exp, "fault", "check")
@@ -131,7 +136,7 @@ def open_campaign(
             slurm_version=scheduler.version(),
         )
     manifest.planned = [e.name for e in experiments]
-    manifest.min_effect = min(e.hypothesis.max_regression for e in experiments)
+    manifest.min_effect = max(min(e.hypothesis.max_regression for e in experiments), min_effect_floor)
     camp = Campaign(
         site, experiments, run_dir.resolve(), scheduler, runner, control, manifest, progress, time_budget_s
     )

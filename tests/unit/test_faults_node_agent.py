@@ -207,11 +207,14 @@ def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest
     assert 0.35 < written < 0.8 and "Xid" in kmsg.read_text()
 
 
-def test_site_journal_root_is_per_sandbox() -> None:
+@pytest.mark.sandbox
+def test_site_journal_root_is_per_sandbox(sandbox, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The sandbox site config resolves only against a sandbox that is up."""
     from slurm_chaos.faults.install_hooks import site_journal_root
     from slurm_chaos.faults.journal import DEFAULT_ROOT
     from slurm_chaos.site import load_site
 
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", sandbox.name)
     repo = Path(__file__).resolve().parents[2]
     sandbox = load_site(repo / "site_configs" / "sandbox.yaml")
     assert site_journal_root(sandbox) == Path(str(sandbox.slurm.hooks_dir)).parent / "journal"

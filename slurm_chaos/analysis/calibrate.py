@@ -1,0 +1,191 @@
+"""A/A calibration on real runs: the same job, unfaulted, run several times on the cluster.
+
+Every pair of runs is compared as if one were the baseline and the other a fault run. Nothing
+changed between them, so each "significant" call is a false positive, and each pair is also judged
+as the A/A control experiment would be (no fault, no regression expected): a BLIND SPOT there
+means the method or the cluster is too noisy for the campaign's verdicts to be trusted.
+
+The comparison's own statistics model the noise within a run. What differs from one run to the next
+(another moment's load on shared nodes, a CPU's clock, a neighbour on the network) they do not, and
+on a shared machine it dominates. The calibration measures it: the spread of the runs' median step
+times, from which follows the practical threshold (``min_effect``) that at most 1% of A/A pairs
+exceed, 2.576 * sqrt(2) standard deviations of the log median (two runs' difference, 99% two-sided),
+the deviation taken at its 90% upper confidence bound.
+The recommendation is the larger of that and the threshold that silenced all but 1% of the pairs
+seen; ``slurm-chaos campaign --calibration calibration.json`` uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scipy import stats as sps
+
+from slurm_chaos.analysis.model import Expectation, FaultWindow, ObservationLog
+from slurm_chaos.analysis.regression import (
+    MIN_EFFECT,
+    SEED,
+    Calibration,
+    JobSeries,
+    aa_pairs,
+    calibration_of,
+    compare_series,
+    detect_warmup,
+    job_series,
+)
+from slurm_chaos.analysis.verdict import judge
+from slurm_chaos.errors import DataError
+from slurm_chaos.probe.reader import read_run
+
+CALIBRATION_FILE = "calibration.json"
+MAX_FALSE_POSITIVE_RATE = 0.01
+
+
+@dataclass(frozen=True)
+class AACalibration:
+    runs: tuple[str, ...]
+    min_effect: float
+    calibration: Calibration
+    verdicts: dict[str, int]
+    largest_change: float  # the largest |regression| between two runs, significant or not
+    run_spread: float  # standard deviation of the runs' log median step time
+    recommended_min_effect: float
+
+    @property
+    def ok(self) -> bool:
+        """At most 1% false positives and no BLIND SPOT."""
+        return self.calibration.rate <= MAX_FALSE_POSITIVE_RATE and not self.verdicts.get("BLIND SPOT")
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.calibration
+        return {
+            "runs": list(self.runs),
+            "pairs": c.n_pairs,
+            "min_effect": self.min_effect,
+            "false_positives": c.false_positives,
+            "false_positive_rate": round(c.rate, 6),
+            "false_positive_rate_upper_95": round(c.upper_95, 6),
+            "min_effect_for_1pct": round(c.min_effect_for_1pct, 6),
+            "largest_change": round(self.largest_change, 6),
+            "run_spread": round(self.run_spread, 6),
+            "recommended_min_effect": round(self.recommended_min_effect, 6),
+            "verdicts": dict(sorted(self.verdicts.items())),
+            "ok": self.ok,
+        }
+
+    def summary(self) -> str:
+        c = self.calibration
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(self.verdicts.items()))
+        return "\n".join(
+            [
+                f"A/A calibration: {len(self.runs)} runs, {c.n_pairs} pairs, "
+                f"min_effect {100 * self.min_effect:.1f}%",
+                f"  false positives {c.false_positives} of {c.n_pairs}: rate {100 * c.rate:.2f}% "
+                f"(95% upper bound {100 * c.upper_95:.2f}%)",
+                f"  largest run-to-run change {100 * self.largest_change:.2f}% "
+                f"(run medians spread {100 * self.run_spread:.1f}%); "
+                f"min_effect for <= 1% false positives: {100 * c.min_effect_for_1pct:.2f}% in these pairs, "
+                f"recommended {100 * self.recommended_min_effect:.1f}%",
+                f"  control verdicts: {verdicts}",
+                f"  {'OK' if self.ok else 'TOO NOISY'}: false-positive rate "
+                f"{'<=' if c.rate <= MAX_FALSE_POSITIVE_RATE else '>'} "
+                f"{100 * MAX_FALSE_POSITIVE_RATE:.0f}%, "
+                f"{self.verdicts.get('BLIND SPOT', 0)} BLIND SPOT",
+            ]
+        )
+
+
+# Two runs' log medians differ by sqrt(2) sigma; 2.576 of those is the two-sided 99% bound.
+Z_99 = 2.576
+SPREAD_CONFIDENCE = 0.90
+
+
+def run_median(series: JobSeries) -> float:
+    """The run's median step time after its warm-up."""
+    x = series.step_time[detect_warmup(series.step_time) :]
+    return float(statistics.median(x.tolist())) if len(x) else math.nan
+
+
+def between_run_threshold(medians: Sequence[float]) -> tuple[float, float]:
+    """(spread, threshold): the standard deviation of the log medians, and the relative change
+    between two runs that at most 1% of A/A pairs exceed if the log medians are normal.
+
+    The threshold uses the one-sided 90% upper confidence bound of the spread (chi-square, n - 1
+    degrees of freedom), not the estimate: from a handful of runs the estimate is low often enough
+    that a threshold built on it lets several percent of new pairs through.
+    """
+    logs = [math.log(m) for m in medians if m > 0 and math.isfinite(m)]
+    if len(logs) < 2:
+        return math.nan, math.nan
+    spread = statistics.stdev(logs)
+    dof = len(logs) - 1
+    upper = spread * math.sqrt(dof / float(sps.chi2.ppf(1.0 - SPREAD_CONFIDENCE, dof)))
+    return spread, math.exp(Z_99 * math.sqrt(2.0) * upper) - 1.0
+
+
+def _window(series: JobSeries) -> FaultWindow | None:
+    t = series.t_start
+    return FaultWindow(start=float(t[0])) if len(t) and math.isfinite(t[0]) else None
+
+
+def calibrate_series(
+    names: Sequence[str], series: Sequence[JobSeries], min_effect: float = MIN_EFFECT
+) -> AACalibration:
+    """Compare every pair of runs and judge each as the A/A control experiment."""
+    if len(series) < 2:
+        raise DataError(f"A/A calibration needs at least two runs, got {len(series)}")
+    control = Expectation(expect_regression=False)
+    comparisons = []
+    verdicts: Counter[str] = Counter()
+    for i, (a, b) in enumerate(aa_pairs(list(series))):
+        window = _window(b)
+        c = compare_series(a, b, window, min_effect=min_effect, seed=SEED + i)
+        comparisons.append(c)
+        log = ObservationLog(window or FaultWindow(start=0.0), (), control)
+        verdicts[judge(c, log).verdict.value] += 1
+    changes = [abs(c.regression) for c in comparisons if math.isfinite(c.regression)]
+    calibration = calibration_of(comparisons, min_effect)
+    spread, threshold = between_run_threshold([run_median(x) for x in series])
+    recommended = max(calibration.min_effect_for_1pct, threshold if math.isfinite(threshold) else 0.0)
+    return AACalibration(
+        runs=tuple(names),
+        min_effect=min_effect,
+        calibration=calibration,
+        verdicts=dict(verdicts),
+        largest_change=max(changes, default=math.nan),
+        run_spread=spread,
+        recommended_min_effect=round(recommended, 4),
+    )
+
+
+def calibrate_dirs(dirs: Sequence[Path], min_effect: float = MIN_EFFECT) -> AACalibration:
+    """A/A calibration of probe run directories (``rank-<R>.h5`` each) of one job shape."""
+    runs = [read_run(d) for d in dirs]
+    sizes = {r.world_size for r in runs}
+    if len(sizes) > 1:
+        shapes = ", ".join(f"{r.directory}: {r.world_size}" for r in runs)
+        raise DataError(f"A/A runs must have the same number of ranks ({shapes})")
+    return calibrate_series([str(d) for d in dirs], [job_series(r) for r in runs], min_effect)
+
+
+def load_recommended_min_effect(path: Path) -> float:
+    """The ``recommended_min_effect`` of a calibration.json written by `slurm-chaos calibrate`."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: no such calibration file (write one with 'slurm-chaos calibrate')"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: not a calibration file ({exc})") from exc
+    value = data.get("recommended_min_effect") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 10:
+        raise DataError(f"{path}: recommended_min_effect: expected a fraction such as 0.2, got {value!r}")
+    return float(value)

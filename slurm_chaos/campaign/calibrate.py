@@ -1,0 +1,56 @@
+"""`slurm-chaos calibrate`: run the A/A control job several times on the cluster, then calibrate.
+
+Each run is the control experiment's baseline job (no fault), submitted one after another so that
+they share the cluster's conditions no more than a baseline and its fault run would. The runs land
+in RUN_DIR/aa/run-<i>/; the calibration is written to RUN_DIR/calibration.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from slurm_chaos.analysis.calibrate import CALIBRATION_FILE, AACalibration, calibrate_dirs
+from slurm_chaos.campaign.engine import Campaign, _submit, _wait
+from slurm_chaos.errors import ChaosError, UsageError
+from slurm_chaos.slurm.model import JobState
+
+MIN_RUNS = 3
+
+
+def run_calibration(camp: Campaign, runs: int) -> AACalibration:
+    """Submit ``runs`` unfaulted jobs of the campaign's one experiment and calibrate on them."""
+    if runs < MIN_RUNS:
+        raise UsageError(f"--runs {runs}: at least {MIN_RUNS} runs are needed for pairs to compare")
+    if len(camp.experiments) != 1:
+        raise UsageError("A/A calibration runs one experiment's job")
+    (exp,) = camp.experiments
+    dirs = []
+    for i in range(runs):
+        job_dir = camp.run_dir / "aa" / f"run-{i}"
+        label = f"aa:{i}"
+        done = camp.manifest.job(label, "baseline")
+        if done is None or done.state != JobState.COMPLETED.value:
+            camp.progress.experiment(i + 1, runs, f"A/A run {i}")
+            t0 = time.monotonic()
+            record = _submit(camp, exp, "baseline", label, job_dir)
+            info = _wait(camp, record, f"A/A run {i}")
+            if info.state != JobState.COMPLETED:
+                raise ChaosError(
+                    f"A/A job {record.job_id} ended {info.state.value}; "
+                    f"see {job_dir}/slurm-{record.job_id}.out"
+                )
+            camp.manifest.timings[f"{label}.run"] = time.monotonic() - t0
+        dirs.append(job_dir)
+    camp.manifest.finished = time.time()
+    camp.save()
+    result = calibrate_dirs(dirs, camp.manifest.min_effect)
+    write_calibration(camp.run_dir, result)
+    return result
+
+
+def write_calibration(run_dir: Path, result: AACalibration) -> Path:
+    path = run_dir / CALIBRATION_FILE
+    path.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,110 @@
+"""A/A calibration on probe run directories (synthetic runs written as real probe files)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos.analysis.calibrate import calibrate_dirs, load_recommended_min_effect
+from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
+from slurm_chaos.campaign.calibrate import write_calibration
+from slurm_chaos.cli import main
+from slurm_chaos.errors import DataError
+
+MODEL = JobModel(ranks=2, steps=300, warmup_steps=10, noise=0.05, ar_phi=0.3)
+
+
+def runs(tmp_path: Path, n: int, scale: float = 0.0) -> list[Path]:
+    """n unfaulted runs; with ``scale``, run i is slowed by i * scale (a drifting cluster)."""
+    return [
+        write_run(tmp_path / f"run-{i}", simulate(replace(MODEL, seed=40 + i, slowdown=i * scale)))
+        for i in range(n)
+    ]
+
+
+def test_quiet_runs_calibrate_ok(tmp_path: Path) -> None:
+    result = calibrate_dirs(runs(tmp_path, 6), min_effect=0.05)
+    assert result.calibration.n_pairs == 15
+    assert result.calibration.false_positives == 0 and result.ok
+    assert result.verdicts == {"PASSED": 15}
+    assert 0 < result.largest_change < 0.05
+    record = json.loads(json.dumps(result.to_json()))
+    assert record["false_positive_rate"] == 0.0 and record["ok"] is True
+
+
+def test_drifting_runs_are_flagged_with_blind_spots(tmp_path: Path) -> None:
+    # Every run 10% slower than the one before: nothing was injected, yet pairs differ a lot.
+    result = calibrate_dirs(runs(tmp_path, 4, scale=0.10), min_effect=0.05)
+    assert result.calibration.false_positives == 6 and not result.ok
+    assert result.verdicts == {"BLIND SPOT": 6}  # the later run of each pair is the slower one
+    assert result.calibration.min_effect_for_1pct > 0.09
+    assert "TOO NOISY" in result.summary()
+
+
+def test_mismatched_shapes_and_too_few_runs(tmp_path: Path) -> None:
+    one = runs(tmp_path, 1)
+    with pytest.raises(DataError, match="at least two runs"):
+        calibrate_dirs(one)
+    other = write_run(tmp_path / "wide", simulate(replace(MODEL, ranks=3)))
+    with pytest.raises(DataError, match="same number of ranks"):
+        calibrate_dirs([*one, other])
+
+
+def test_cli_calibrates_directories_and_writes_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dirs = runs(tmp_path, 3)
+    code = main(["calibrate", "--dirs", *map(str, dirs), "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "3 runs, 3 pairs" in out and "OK:" in out
+    assert json.loads((tmp_path / "calibration.json").read_text())["pairs"] == 3
+    write_calibration(tmp_path, calibrate_dirs(dirs))  # rewritten, not appended
+    assert json.loads((tmp_path / "calibration.json").read_text())["pairs"] == 3
+
+
+def test_cli_without_site_or_dirs_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate"]) == 2
+    assert "--site" in capsys.readouterr().err
+
+
+def test_recommended_min_effect_covers_the_spread_of_run_medians(tmp_path: Path) -> None:
+    # Runs 0..5 slowed by 0, 2, ..., 10%: the pairs differ by up to 10%, the spread is about 3.6%.
+    result = calibrate_dirs(runs(tmp_path, 6, scale=0.02), min_effect=0.05)
+    assert 0.025 < result.run_spread < 0.05
+    upper = result.run_spread * math.sqrt(5 / 1.6103)  # chi-square 10% quantile, 5 degrees of freedom
+    assert result.recommended_min_effect == pytest.approx(
+        math.exp(2.576 * math.sqrt(2) * upper) - 1, abs=1e-3
+    )
+    assert result.recommended_min_effect > result.largest_change
+    again = calibrate_dirs(runs(tmp_path / "again", 6, scale=0.02), min_effect=result.recommended_min_effect)
+    assert again.calibration.false_positives == 0 and again.ok
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "no such calibration file"),
+        ("{", "not a calibration file"),
+        ('{"recommended_min_effect": "high"}', "recommended_min_effect: expected a fraction"),
+    ],
+)
+def test_bad_calibration_file_is_named(tmp_path: Path, text: str | None, message: str) -> None:
+    path = tmp_path / "calibration.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        load_recommended_min_effect(path)
+
+
+def test_campaign_dry_run_checks_the_calibration_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    site = Path(__file__).resolve().parents[2] / "site_configs" / "h100-ib-example.yaml"
+    code = main(["campaign", "--site", str(site), "--dry-run", "--calibration", str(tmp_path / "none.json")])
+    assert code == 2
+    assert "none.json: no such calibration file" in capsys.readouterr().err
