@@ -9,8 +9,8 @@ The comparison's own statistics model the noise within a run. What differs from 
 (another moment's load on shared nodes, a CPU's clock, a neighbour on the network) they do not, and
 on a shared machine it dominates. The calibration measures it: the spread of the runs' median step
 times, from which follows the practical threshold (``min_effect``) that at most 1% of A/A pairs
-exceed, 2.576 * sqrt(2) standard deviations of the log median (two runs' difference, 99% two-sided),
-the deviation taken at its 90% upper confidence bound.
+exceed: the 99% prediction bound of two new runs' difference of log medians (Student's t, n - 1
+degrees of freedom, times sqrt(2) standard deviations).
 The recommendation is the larger of that and the threshold that silenced all but 1% of the pairs
 seen; ``slurm-chaos campaign --calibration calibration.json`` uses it.
 """
@@ -102,9 +102,8 @@ class AACalibration:
         )
 
 
-# Two runs' log medians differ by sqrt(2) sigma; 2.576 of those is the two-sided 99% bound.
-Z_99 = 2.576
-SPREAD_CONFIDENCE = 0.90
+# The share of A/A pairs the recommended threshold lets through (two-sided).
+FALSE_POSITIVES = 0.01
 
 
 def run_median(series: JobSeries) -> float:
@@ -115,19 +114,19 @@ def run_median(series: JobSeries) -> float:
 
 def between_run_threshold(medians: Sequence[float]) -> tuple[float, float]:
     """(spread, threshold): the standard deviation of the log medians, and the relative change
-    between two runs that at most 1% of A/A pairs exceed if the log medians are normal.
+    between two new runs that 1% of A/A pairs exceed if the log medians are normal.
 
-    The threshold uses the one-sided 90% upper confidence bound of the spread (chi-square, n - 1
-    degrees of freedom), not the estimate: from a handful of runs the estimate is low often enough
-    that a threshold built on it lets several percent of new pairs through.
+    The threshold is the 99% prediction bound of the difference of two new runs' log medians:
+    Student's t with n - 1 degrees of freedom times sqrt(2) spreads, so that the uncertainty of a
+    spread estimated from a handful of runs is paid for (the normal quantile would let several
+    percent of new pairs through whenever the estimate came out low).
     """
     logs = [math.log(m) for m in medians if m > 0 and math.isfinite(m)]
     if len(logs) < 2:
         return math.nan, math.nan
     spread = statistics.stdev(logs)
-    dof = len(logs) - 1
-    upper = spread * math.sqrt(dof / float(sps.chi2.ppf(1.0 - SPREAD_CONFIDENCE, dof)))
-    return spread, math.exp(Z_99 * math.sqrt(2.0) * upper) - 1.0
+    t = float(sps.t.ppf(1.0 - FALSE_POSITIVES / 2.0, len(logs) - 1))
+    return spread, math.exp(t * math.sqrt(2.0) * spread) - 1.0
 
 
 def _window(series: JobSeries) -> FaultWindow | None:

@@ -76,10 +76,9 @@ def test_recommended_min_effect_covers_the_spread_of_run_medians(tmp_path: Path)
     # Runs 0..5 slowed by 0, 2, ..., 10%: the pairs differ by up to 10%, the spread is about 3.6%.
     result = calibrate_dirs(runs(tmp_path, 6, scale=0.02), min_effect=0.05)
     assert 0.025 < result.run_spread < 0.05
-    upper = result.run_spread * math.sqrt(5 / 1.6103)  # chi-square 10% quantile, 5 degrees of freedom
-    assert result.recommended_min_effect == pytest.approx(
-        math.exp(2.576 * math.sqrt(2) * upper) - 1, abs=1e-3
-    )
+    t = 4.0321  # Student's t, 99.5% quantile, 5 degrees of freedom
+    expected = math.exp(t * math.sqrt(2) * result.run_spread) - 1
+    assert result.recommended_min_effect == pytest.approx(expected, abs=1e-3)
     assert result.recommended_min_effect > result.largest_change
     again = calibrate_dirs(runs(tmp_path / "again", 6, scale=0.02), min_effect=result.recommended_min_effect)
     assert again.calibration.false_positives == 0 and again.ok
