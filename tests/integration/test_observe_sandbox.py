@@ -13,6 +13,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -190,10 +191,41 @@ def _firing(loop: Loop, name: str, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def _prometheus(loop: Loop, path: str) -> Any:
+    url = f"http://127.0.0.1:{loop.layout.prometheus_port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())["data"]
+    except OSError as exc:
+        return f"{url}: {exc}"
+
+
+def _alert_path(loop: Loop, job_id: str) -> str:
+    """Where an alert that does not arrive got stuck: the exporter's series, the rule, the notifier."""
+    query = urllib.parse.quote(f'slurm_chaos_probe_straggler_ratio{{job_id="{job_id}"}}')
+    series = _prometheus(loop, f"/api/v1/query?query={query}")
+    targets = _prometheus(loop, "/api/v1/targets")
+    if isinstance(targets, dict):
+        targets = [
+            (t.get("health"), t.get("lastError"), t.get("lastScrapeDuration"))
+            for t in targets.get("activeTargets", [])
+        ]
+    rules = _prometheus(loop, "/api/v1/rules?type=alert")
+    if isinstance(rules, dict):
+        rules = [
+            (r["name"], r.get("state"), r.get("health"), r.get("lastError"), len(r.get("alerts", [])))
+            for g in rules.get("groups", [])
+            for r in g.get("rules", [])
+            if r.get("name") == "ChaosStraggler"
+        ]
+    managers = _prometheus(loop, "/api/v1/alertmanagers")
+    return f"series {series}; targets {targets}; rule {rules}; alertmanagers {managers}"
+
+
 @pytest.mark.xfail(
     strict=False,
-    reason="intermittent: in 2 of the last 3 runs ChaosStraggler did not reach Alertmanager within 60 s "
-    "(when it does, 6-7 s); passed in earlier CI runs; cause not found yet, see the session notes",
+    reason="intermittent in full CI runs only (2 of 3; standalone it fires in 6-8 s): ChaosStraggler did not "
+    "reach Alertmanager within 60 s; the failure message now says where the alert stopped",
 )
 def test_prometheus_scrapes_the_exporter_and_the_straggler_alert_fires_and_resolves(loop: Loop) -> None:
     url = f"http://127.0.0.1:{loop.layout.prometheus_port}/api/v1/targets"
@@ -203,9 +235,12 @@ def test_prometheus_scrapes_the_exporter_and_the_straggler_alert_fires_and_resol
     heartbeats = monitoring.sandbox_heartbeat_dir(loop.layout)
     job_id = f"obs{os.getpid()}c"
     with Job(heartbeats, job_id, ["node3", "node4"], slow_rank=1) as job:
-        fire = loop.wait(
-            "ChaosStraggler in Alertmanager", lambda: bool(_firing(loop, "ChaosStraggler", job_id)), 60
-        )
+        try:
+            fire = loop.wait(
+                "ChaosStraggler in Alertmanager", lambda: bool(_firing(loop, "ChaosStraggler", job_id)), 60
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {_alert_path(loop, job_id)}") from None
         (alert,) = _firing(loop, "ChaosStraggler", job_id)
         assert alert["labels"]["rank"] == "1" and alert["labels"]["host"] == "node4"
         assert alert["labels"]["signal"] == "straggler"
