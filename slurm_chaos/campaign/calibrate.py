@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 from slurm_chaos.analysis.calibrate import CALIBRATION_FILE, AACalibration, calibrate_dirs
-from slurm_chaos.campaign.engine import Campaign, _submit, _wait
-from slurm_chaos.errors import ChaosError, UsageError
-from slurm_chaos.slurm.model import JobState
+from slurm_chaos.campaign.engine import Campaign, run_unfaulted
+from slurm_chaos.errors import UsageError
 
 MIN_RUNS = 3
 
@@ -28,21 +27,8 @@ def run_calibration(camp: Campaign, runs: int) -> AACalibration:
     (exp,) = camp.experiments
     dirs = []
     for i in range(runs):
-        job_dir = camp.run_dir / "aa" / f"run-{i}"
-        label = f"aa:{i}"
-        done = camp.manifest.job(label, "baseline")
-        if done is None or done.state != JobState.COMPLETED.value:
-            camp.progress.experiment(i + 1, runs, f"A/A run {i}")
-            t0 = time.monotonic()
-            record = _submit(camp, exp, "baseline", label, job_dir)
-            info = _wait(camp, record, f"A/A run {i}")
-            if info.state != JobState.COMPLETED:
-                raise ChaosError(
-                    f"A/A job {record.job_id} ended {info.state.value}; "
-                    f"see {job_dir}/slurm-{record.job_id}.out"
-                )
-            camp.manifest.timings[f"{label}.run"] = time.monotonic() - t0
-        dirs.append(job_dir)
+        camp.progress.experiment(i + 1, runs, f"A/A run {i}")
+        dirs.append(run_unfaulted(camp, exp, f"aa:{i}", camp.run_dir / "aa" / f"run-{i}", f"A/A run {i}"))
     camp.manifest.finished = time.time()
     camp.save()
     result = calibrate_dirs(dirs, camp.manifest.min_effect)

@@ -225,22 +225,29 @@ def _limit_s(text: str) -> float:
 
 
 # ------------------------------------------------------------------ experiment
-def _baseline(camp: Campaign, exp: Experiment) -> Path:
-    shape = shape_of(camp.site, exp)
-    label = f"baseline:{shape.label}"
-    job_dir = camp.run_dir / "baselines" / shape.label
+def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str) -> Path:
+    """Run the experiment's job without its fault (a baseline or an A/A run) to completion, once:
+    a run directory that already holds it completed (a resumed run) submits nothing."""
     done = camp.manifest.job(label, "baseline")
     if done is not None and done.state == JobState.COMPLETED.value:
         return job_dir
     t0 = time.monotonic()
     record = _submit(camp, exp, "baseline", label, job_dir)
-    info = _wait(camp, record, f"baseline {shape.label}")
+    info = _wait(camp, record, title)
     if info.state != JobState.COMPLETED:
         raise ChaosError(
-            f"baseline job {record.job_id} ended {info.state.value}; see {job_dir}/slurm-{record.job_id}.out"
+            f"{title}: job {record.job_id} ended {info.state.value}; see {job_dir}/slurm-{record.job_id}.out"
         )
     camp.manifest.timings[f"{label}.run"] = time.monotonic() - t0
     return job_dir
+
+
+def _baseline(camp: Campaign, exp: Experiment) -> Path:
+    shape = shape_of(camp.site, exp)
+    label = f"baseline:{shape.label}"
+    return run_unfaulted(
+        camp, exp, label, camp.run_dir / "baselines" / shape.label, f"baseline {shape.label}"
+    )
 
 
 def _expectation(exp: Experiment) -> Expectation:
