@@ -222,11 +222,6 @@ def _alert_path(loop: Loop, job_id: str) -> str:
     return f"series {series}; targets {targets}; rule {rules}; alertmanagers {managers}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent in full CI runs only (2 of 3; standalone it fires in 6-8 s): ChaosStraggler did not "
-    "reach Alertmanager within 60 s; the failure message now says where the alert stopped",
-)
 def test_prometheus_scrapes_the_exporter_and_the_straggler_alert_fires_and_resolves(loop: Loop) -> None:
     url = f"http://127.0.0.1:{loop.layout.prometheus_port}/api/v1/targets"
     with urllib.request.urlopen(url, timeout=5) as resp:
@@ -240,7 +235,8 @@ def test_prometheus_scrapes_the_exporter_and_the_straggler_alert_fires_and_resol
                 "ChaosStraggler in Alertmanager", lambda: bool(_firing(loop, "ChaosStraggler", job_id)), 60
             )
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {_alert_path(loop, job_id)}") from None
+            # Known intermittent in full CI runs; the reason carries where the alert stopped.
+            pytest.xfail(f"{exc}: {_alert_path(loop, job_id)}")
         (alert,) = _firing(loop, "ChaosStraggler", job_id)
         assert alert["labels"]["rank"] == "1" and alert["labels"]["host"] == "node4"
         assert alert["labels"]["signal"] == "straggler"
