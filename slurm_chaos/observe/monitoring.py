@@ -47,7 +47,9 @@ class Service:
 
     @property
     def program(self) -> str:
-        return Path(self.argv[0]).name
+        """The executable's own name, links resolved: a sandbox brought up by `slurm-chaos`
+        (python3.11) is taken down by a process started as `python` just the same."""
+        return Path(os.path.realpath(self.argv[0])).name
 
     def pid(self) -> int | None:
         pid = daemons.read_pid(self.pidfile)
@@ -181,6 +183,14 @@ def _tail(log_file: Path, lines: int = 8) -> str:
 
 
 def _start(svc: Service) -> int:
+    if _ready(svc.ready_url):
+        # Our instance is not running (its PID file says so), yet the port answers: another process
+        # holds it, e.g. an orphan of an earlier sandbox. Starting ours would fail to bind while the
+        # readiness check passed on the stranger's answers.
+        raise ChaosError(
+            f"{svc.label}: {svc.ready_url} already answers but not from this sandbox's {svc.label}; "
+            "stop the process that listens there (ss -ltnp) and retry"
+        )
     svc.log_file.parent.mkdir(parents=True, exist_ok=True)
     # Go daemons otherwise size their thread pools and heaps for the whole machine.
     env = {**os.environ, "GOMAXPROCS": "1", "GOGC": "50"}

@@ -53,6 +53,15 @@ def environ(pid: int) -> dict[str, str]:
     return out
 
 
+def _exe_name(pid: int) -> str:
+    """The name of the file the process executes, links resolved (`python3.11` for a process that
+    was started as `python`): the same program started under another name is still the same."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return ""
+
+
 def is_ours(
     pid: int | None, program: str, marker: tuple[str, str] | None = None, arg: str | None = None
 ) -> bool:
@@ -61,7 +70,7 @@ def is_ours(
         return False
     assert pid is not None
     argv = cmdline(pid)
-    if not argv or Path(argv[0]).name != program:
+    if not argv or program not in {Path(argv[0]).name, _exe_name(pid)}:
         return False
     if arg is not None and not any(arg in a for a in argv):
         return False

@@ -102,3 +102,56 @@ def test_started_service_is_recognised_and_stopped_by_pid(layout: Layout) -> Non
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_service_started_under_another_name_is_still_ours(layout: Layout, tmp_path: Path) -> None:
+    # Brought up by the console script (python3.x), taken down by `python -m ...`: the same program.
+    alias = tmp_path / "python-alias"
+    alias.symlink_to(sys.executable)
+    marker = f"--marker={layout.root}"
+    proc = subprocess.Popen([str(alias), "-c", "import time; time.sleep(60)", marker])
+    svc = monitoring.Service(
+        "sleeper",
+        (sys.executable, "-c", "import time; time.sleep(60)", marker),
+        layout.run_dir / "sleeper.pid",
+        layout.log_dir / "sleeper.log",
+        "http://127.0.0.1:1/-/ready",
+        marker,
+    )
+    try:
+        svc.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        svc.pidfile.write_text(f"{proc.pid}\n")
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/cmdline").read_bytes().count(b"\0") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd
+        assert svc.pid() == proc.pid
+        assert monitoring._stop(svc) == f"sleeper (pid {proc.pid})"
+        assert proc.wait(15) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_port_held_by_another_process_is_refused_before_starting(layout: Layout) -> None:
+    import http.server
+    import threading
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    svc = monitoring.Service(
+        "exporter",
+        (sys.executable, "-c", "import time; time.sleep(60)"),
+        layout.run_dir / "exporter.pid",
+        layout.log_dir / "exporter.log",
+        f"http://127.0.0.1:{server.server_address[1]}/",
+        "-c",
+    )
+    try:
+        with pytest.raises(ChaosError, match="already answers but not from this sandbox's exporter"):
+            monitoring._start(svc)
+        assert not svc.pidfile.exists()  # nothing was started
+    finally:
+        server.shutdown()
+        server.server_close()
