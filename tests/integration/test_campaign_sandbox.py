@@ -27,7 +27,8 @@ def _node_snapshot(env: dict[str, str]) -> str:
         out = subprocess.run(
             ["sinfo", "-h", "-N", "-o", "%N %T %E %f %w"], env=env, capture_output=True, text=True, check=True
         ).stdout
-        busy = any(s in out for s in (" mixed ", " completing ", " allocated "))
+        # "idle*": slurmd did not answer the last ping (a node under load, or just resumed): wait too.
+        busy = any(s in out for s in (" mixed ", " completing ", " allocated ", "* "))
         if not busy or time.monotonic() > deadline:
             break
         time.sleep(0.5)
