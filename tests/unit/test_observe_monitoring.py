@@ -83,33 +83,16 @@ def test_a_daemon_that_dies_at_start_fails_with_its_log(layout: Layout) -> None:
     assert "broken exited with 3 at start" in str(err.value) and "address already in use" in str(err.value)
 
 
-def test_started_service_is_recognised_and_stopped_by_pid(layout: Layout) -> None:
-    svc = monitoring.Service(
-        "sleeper",
-        (sys.executable, "-c", "import time; time.sleep(60)", f"--marker={layout.root}"),
-        layout.run_dir / "sleeper.pid",
-        layout.log_dir / "sleeper.log",
-        "http://127.0.0.1:1/-/ready",
-        f"--marker={layout.root}",
-    )
-    proc = subprocess.Popen(list(svc.argv))
-    try:
-        svc.pidfile.parent.mkdir(parents=True, exist_ok=True)
-        svc.pidfile.write_text(f"{proc.pid}\n")
-        assert svc.pid() == proc.pid
-        assert monitoring._stop(svc) == f"sleeper (pid {proc.pid})"
-        assert proc.wait(15) != 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def test_service_started_under_another_name_is_still_ours(layout: Layout, tmp_path: Path) -> None:
-    # Brought up by the console script (python3.x), taken down by `python -m ...`: the same program.
-    alias = tmp_path / "python-alias"
-    alias.symlink_to(sys.executable)
+@pytest.mark.parametrize("started_as", ["the same path", "another name"])
+def test_started_service_is_recognised_and_stopped_by_pid(
+    layout: Layout, tmp_path: Path, started_as: str
+) -> None:
+    # "another name": brought up by the console script (python3.x), taken down by `python -m ...`.
+    program = sys.executable
+    if started_as == "another name":
+        program = str(tmp_path / "python-alias")
+        Path(program).symlink_to(sys.executable)
     marker = f"--marker={layout.root}"
-    proc = subprocess.Popen([str(alias), "-c", "import time; time.sleep(60)", marker])
     svc = monitoring.Service(
         "sleeper",
         (sys.executable, "-c", "import time; time.sleep(60)", marker),
@@ -118,6 +101,7 @@ def test_service_started_under_another_name_is_still_ours(layout: Layout, tmp_pa
         "http://127.0.0.1:1/-/ready",
         marker,
     )
+    proc = subprocess.Popen([program, *svc.argv[1:]])
     try:
         svc.pidfile.parent.mkdir(parents=True, exist_ok=True)
         svc.pidfile.write_text(f"{proc.pid}\n")
