@@ -26,6 +26,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# clang without its recommends lacks the compiler-rt runtimes (libFuzzer, ASan) that the plugin's
+# fuzz harness links: install the ones of the clang this release has (Debian 12: 14, Debian 13: 19).
+clang_major=$(clang -dumpversion | cut -d. -f1)
+rt="libclang-rt-${clang_major}-dev"
+if ! dpkg-query -W -f='${Status}' "$rt" 2>/dev/null | grep -q "install ok installed"; then
+  echo "slurm-chaos: installing Debian packages: $rt"
+  apt-cache show "$rt" >/dev/null 2>&1 || apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "$rt" >/dev/null
+fi
+
 PY=${PYTHON:-python3}
 # The CPU build of torch: a plain 'torch' requirement would pull a multi-GB CUDA build.
 "$PY" -c 'import torch' 2>/dev/null || "$PY" -m pip install -q "torch==2.13.0"

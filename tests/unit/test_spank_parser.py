@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slurm_chaos.faults import SpecError, load_catalogue, parse_spec
@@ -73,8 +73,9 @@ def c_answers(tool: Path, specs: Sequence[str], *flags: str) -> list[str]:
     for start in range(0, len(specs), 200):
         batch = specs[start : start + 200]
         result = subprocess.run(
-            [str(tool), *flags, *batch], capture_output=True, text=True, timeout=60, check=False
+            [str(tool), *flags, "--", *batch], capture_output=True, text=True, timeout=60, check=False
         )
+        assert result.returncode in (0, 1), result.stderr  # 2 would be a usage error of the tool
         out.extend(result.stdout.splitlines())
     return out
 
@@ -154,6 +155,23 @@ def test_c_and_python_agree_on_limits(chaos_spec: Path) -> None:
         "node-drain:after=999999999999999d",
     ]
     assert c_answers(chaos_spec, specs) == [python_answer(s) for s in specs]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["nccl-degrade:ib=off"], ["-e", "netem"], ["-x", "--", "netem"], ["-e", "-a", "--", "netem"]],
+)
+def test_spec_tool_operands_only_after_double_dash(chaos_spec: Path, argv: list[str]) -> None:
+    result = subprocess.run([str(chaos_spec), *argv], capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "usage: chaos-spec" in result.stderr
+
+
+def test_spec_tool_takes_an_option_like_spec_as_a_spec(chaos_spec: Path) -> None:
+    # The SPEC "-e" (what hypothesis found on a fresh seed) is a malformed SPEC, never the -e flag.
+    assert c_answers(chaos_spec, ["-e", "netem"]) == [python_answer("-e"), python_answer("netem")]
+    assert python_answer("-e").startswith("error:")
 
 
 def test_task_environment_matches_python_resolved_values(chaos_spec: Path) -> None:
@@ -322,5 +340,10 @@ def test_numa_mismatch_on_a_single_numa_node(chaos_spec: Path, tmp_path: Path) -
 @given(
     st.text(alphabet=ALPHABET, max_size=80) | st.sampled_from(SEEDS).map(lambda s: s + "," + s.split(":")[-1])
 )
+@example("-e")
+@example("-a")
+@example("-n")
+@example("--")
+@example("-")
 def test_c_and_python_agree_property(chaos_spec: Path, spec: str) -> None:
     assert c_answers(chaos_spec, [spec]) == [python_answer(spec)]
