@@ -6,6 +6,8 @@ SITE ?= site_configs/sandbox.yaml
 OUT ?= runs
 # A/A runs that measure the sandbox's run-to-run noise before the campaign (10 runs: 45 pairs).
 AA_RUNS ?= 10
+# Where Debian's python3 is externally managed, scripts/install-deps.sh installs into .venv here.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
 .PHONY: install demo test lint clean
 

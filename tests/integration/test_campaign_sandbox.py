@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+
+from slurm_chaos.experiment import load_experiment
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
@@ -52,8 +55,15 @@ def test_numa_mismatch_run_measures_the_regression(sandbox, chaos_site: Path, tm
 
 
 def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The state to interrupt must exist for sure: a drain 2 s into a job that trains for far longer
+    # (600 steps, about 15 s here), not the library's drain, which a fast job can outrun.
+    drain = yaml.safe_load(load_experiment("node-drain-requeue").path.read_text())
+    drain.update(name="node-drain-long", steps=600)
+    drain["fault"]["spec"] = "node-drain:after=2s,node=1"
+    drain_file = tmp_path / "node-drain-long.yaml"
+    drain_file.write_text(yaml.safe_dump(drain))
     suite = tmp_path / "suite.yaml"
-    suite.write_text("name: short\nexperiments: [control-aa, node-drain-requeue]\n")
+    suite.write_text(f"name: short\nexperiments: [control-aa, {drain_file}]\n")
     out = tmp_path / "camp"
     before = _node_snapshot(sandbox.env)
     proc = subprocess.Popen(
@@ -92,8 +102,7 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     # A partial report covers what finished.
     report = json.loads((out / "report.json").read_text())
     assert [e["name"] for e in report["experiments"]] == ["control-aa"]
-    time.sleep(2)
-    assert _node_snapshot(sandbox.env) == before
+    assert _node_snapshot(sandbox.env) == before  # waits while nodes are completing or not responding
 
     res = _cli(
         "campaign",
@@ -108,7 +117,7 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     )
     assert res.returncode in (0, 1), res.stderr
     report = json.loads((out / "report.json").read_text())
-    assert [e["name"] for e in report["experiments"]] == ["control-aa", "node-drain-requeue"]
+    assert [e["name"] for e in report["experiments"]] == ["control-aa", "node-drain-long"]
     drain = report["experiments"][1]
     assert drain["verdict"] != "NO EFFECT"
     assert _node_snapshot(sandbox.env) == before
