@@ -27,8 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_chaos.faults.plugin_install import PLUGIN_DIR, PluginArgs, build_plugin, plugstack_line
+from slurm_chaos.faults.plugin_install import PluginArgs, build_plugin, plugstack_line
 from slurm_chaos.runner import SubprocessRunner
+
+# The checkout's plugin sources: its fuzz and no-op benchmarks build in place (spank_plugin/build/).
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "spank_plugin"
 
 # A SPANK plugin that does nothing: the cost any plugin adds (dlopen, SPANK stack), for attribution.
 NULL_PLUGIN_C = """

@@ -16,10 +16,13 @@ from pathlib import Path
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.resources import site_config
 
 log = logging.getLogger("slurm_chaos")
 
 Handler = Callable[[argparse.Namespace], int]
+
+SITE_HELP = "site config YAML, or the name of a shipped one (sandbox, h100-ib-example)"
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:
@@ -281,7 +284,7 @@ def _rank_nodes(args: argparse.Namespace) -> int:
 
 def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser, site_required: bool = True) -> None:
-        p.add_argument("--site", required=site_required, help="site config YAML")
+        p.add_argument("--site", required=site_required, type=site_config, help=SITE_HELP)
         p.add_argument("--out", help="run directory (default: runs/<run id>)")
         p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run in RUN_DIR")
         p.add_argument("--dry-run", action="store_true", help="render and print the plan; submit nothing")
@@ -337,12 +340,12 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument(
         "--threshold", type=float, default=0.9, help="speed below which a node is slow (default 0.9)"
     )
-    p.add_argument("--site", help="site config YAML (needed with --apply)")
+    p.add_argument("--site", type=site_config, help=f"{SITE_HELP} (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
     p.set_defaults(handler=_rank_nodes)
 
     p = sub.add_parser("cleanup", help="revert leftover faults (a missed epilog, a killed campaign)")
-    p.add_argument("--site", required=True, help="site config YAML")
+    p.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     p.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2])")
     p.add_argument(
         "--run", metavar="RUN_DIR", help="also undo the controller faults (drains, lost nodes) of a run"
@@ -357,7 +360,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     q = ps.add_parser(
         "install", help="build the plugin, write its plugstack.conf line, install the node hooks"
     )
-    q.add_argument("--site", required=True, help="site config YAML")
+    q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
     q.set_defaults(handler=_plugin_install)
 
@@ -376,7 +379,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("render", help="write an experiment's sbatch scripts without submitting (dry run)")
-    p.add_argument("--site", required=True, help="site config YAML")
+    p.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     p.add_argument("--experiment", required=True, help="experiment name or YAML file")
     p.add_argument("--out", required=True, help="directory for the scripts")
     p.add_argument("--run-id", help="run id written into the scripts (default: dry-run)")

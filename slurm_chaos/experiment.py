@@ -16,8 +16,8 @@ import jsonschema
 import yaml
 
 from slurm_chaos.errors import ConfigError, UsageError
+from slurm_chaos.resources import shipped
 
-LIBRARY = Path(__file__).parent / "experiments"
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.json"
 
 
@@ -124,7 +124,7 @@ def load_experiment_file(path: Path) -> Experiment:
 
 
 def _directories(extra: tuple[Path, ...]) -> tuple[Path, ...]:
-    return (*extra, LIBRARY)
+    return (*extra, shipped("experiments"))
 
 
 def available(extra_dirs: tuple[Path, ...] = ()) -> dict[str, Path]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import string
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,22 +13,20 @@ import jinja2
 from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
 from slurm_chaos.experiment import Experiment
+from slurm_chaos.resources import shipped
 from slurm_chaos.site import Site
 
 ROLES = ("baseline", "fault")
 
 
 def templates_dir() -> Path:
-    """$SLURM_CHAOS_TEMPLATES, the source tree's sbatch_templates/, or the installed copy."""
-    candidates = [
-        os.environ.get("SLURM_CHAOS_TEMPLATES"),
-        str(Path(__file__).resolve().parent.parent / "sbatch_templates"),
-        str(Path(sys.prefix) / "share" / "slurm-chaos" / "sbatch_templates"),
-    ]
-    for c in candidates:
-        if c and (Path(c) / "baseline.sbatch.j2").is_file():
-            return Path(c)
-    raise UsageError("cannot find sbatch_templates/ (set SLURM_CHAOS_TEMPLATES)")
+    """$SLURM_CHAOS_TEMPLATES (a site's own templates), else the shipped sbatch_templates/."""
+    override = os.environ.get("SLURM_CHAOS_TEMPLATES")
+    if not override:
+        return shipped("sbatch_templates")
+    if not (Path(override) / "baseline.sbatch.j2").is_file():
+        raise UsageError(f"SLURM_CHAOS_TEMPLATES={override}: no baseline.sbatch.j2 there")
+    return Path(override)
 
 
 @dataclass(frozen=True)

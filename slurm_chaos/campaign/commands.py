@@ -15,14 +15,13 @@ from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.errors import ConfigError, UsageError
 from slurm_chaos.experiment import Experiment, load_experiment
 from slurm_chaos.render import check_limits
+from slurm_chaos.resources import shipped
 from slurm_chaos.runner import SubprocessRunner
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 from slurm_chaos.slurm.model import JobState
 
 log = logging.getLogger(__name__)
-
-SUITES = Path(__file__).resolve().parent.parent / "suites"
 
 
 @dataclass(frozen=True)
@@ -38,9 +37,10 @@ class Options:
 
 
 def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
-    path = Path(name) if name.endswith((".yaml", ".yml")) else SUITES / f"{name}.yaml"
+    suites = shipped("suites")
+    path = Path(name) if name.endswith((".yaml", ".yml")) else suites / f"{name}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in SUITES.glob("*.yaml")))
+        known = ", ".join(sorted(p.stem for p in suites.glob("*.yaml")))
         raise UsageError(f"unknown suite {name!r} (known: {known})")
     data = yaml.safe_load(path.read_text())
     names = data.get("experiments") if isinstance(data, dict) else None

@@ -12,10 +12,10 @@ import shlex
 import sys
 from pathlib import Path
 
-import slurm_chaos
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
 from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.resources import import_root
 from slurm_chaos.site import Site, load_site
 
 HOOK_NAME = "50-slurm-chaos"
@@ -70,7 +70,7 @@ def render_hook(
         guard=_GUARD[kind].format(
             spec_dir=q(str(spec_dir or no_spec_dir)), journal_root=q(str(journal_root))
         ),
-        pythonpath=q(str(Path(slurm_chaos.__file__).resolve().parent.parent)),
+        pythonpath=q(str(import_root())),
         timeout=int(timeout_s),
         python=q(python),
         journal_root=q(str(journal_root)),

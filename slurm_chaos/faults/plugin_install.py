@@ -1,10 +1,11 @@
 """Build the slurm-chaos SPANK plugin and register it in the site's plugstack.conf.
 
 ``slurm-chaos plugin install --site SITE`` calls :func:`install_plugin`: ``make install`` of
-``spank_plugin/`` under a prefix, then one ``required .../slurm_chaos.so ARGS`` line in the
-PlugStackConfig file the site names (``slurm.plugstack_conf``), with the site's safety rules
-as the plugin's arguments. slurmstepd reads plugstack.conf at every step start, so no daemon
-restart is needed for steps; srun/sbatch read it at each invocation.
+the shipped ``spank_plugin/`` (and of the ``preload/`` I/O shim) under a prefix, then one
+``required .../slurm_chaos.so ARGS`` line in the PlugStackConfig file the site names
+(``slurm.plugstack_conf``), with the site's safety rules as the plugin's arguments. slurmstepd
+reads plugstack.conf at every step start, so no daemon restart is needed for steps; srun/sbatch
+read it at each invocation.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError, ConfigError
+from slurm_chaos.faults.catalogue import CATALOGUE_PATH
 from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.resources import shipped
 from slurm_chaos.runner import Runner
 from slurm_chaos.site import Safety, load_site
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
-PRELOAD_DIR = Path(__file__).resolve().parents[2] / "preload"
 PLUGIN_FILE = "slurm_chaos.so"
 # The rollback journal's root: the prolog agent and the plugin write the same per-node files.
 DEFAULT_JOURNAL_DIR = str(DEFAULT_ROOT)  # also the plugin's own default (parse.h)
@@ -120,14 +121,22 @@ def update_plugstack(path: Path, line: str | None) -> bool:
 
 
 def build_plugin(prefix: Path | str, runner: Runner, *, timeout: float = 300) -> Path:
-    """``make install`` the plugin under prefix; returns the installed .so path."""
+    """``make install`` the plugin under prefix; returns the installed .so path.
+
+    The sources are read where they ship (site-packages may be read-only); objects go to a
+    temporary build directory of ours, so every install is a clean build of these sources.
+    """
     prefix = Path(prefix)
-    # The checkpoint I/O shim goes beside the plugin, which preloads it for ckpt-* faults.
-    for directory in (PLUGIN_DIR, PRELOAD_DIR):
-        result = runner(["make", "-C", str(directory), "install", f"PREFIX={prefix}"], timeout=timeout)
-        if not result.ok:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-            raise ChaosError(f"building {directory.name} failed (make install):\n" + "\n".join(tail))
+    with tempfile.TemporaryDirectory(prefix="slurm-chaos-build.") as tmp:
+        # The checkpoint I/O shim goes beside the plugin, which preloads it for ckpt-* faults.
+        for name in ("spank_plugin", "preload"):
+            build = Path(tmp) / name
+            # CATALOGUE: the Makefile's default (../slurm_chaos/...) holds in a checkout only.
+            make = ["make", "-C", str(shipped(name)), "install", f"PREFIX={prefix}", f"B={build}"]
+            result = runner([*make, f"CATALOGUE={CATALOGUE_PATH}"], timeout=timeout)
+            if not result.ok:
+                tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+                raise ChaosError(f"building {name} failed (make install):\n" + "\n".join(tail))
     return prefix / "lib" / "slurm-chaos" / PLUGIN_FILE
 
 

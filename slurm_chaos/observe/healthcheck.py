@@ -359,7 +359,7 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
     The hook runs this module with the interpreter and source tree installing it, so it works from
     a checkout as well as from an installed package. Returns the hook's path.
     """
-    import slurm_chaos
+    from slurm_chaos.resources import import_root
 
     opts = site_options(site, heartbeats)
     config = hooks_dir / CONFIG_NAME
@@ -370,7 +370,7 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
     write_atomic(config, render_config(opts, comment))
     hook = hooks_dir / "healthcheck.d" / HOOK_NAME
     hook.parent.mkdir(parents=True, exist_ok=True)
-    src = Path(slurm_chaos.__file__).resolve().parent.parent
+    src = import_root()
     env = f"export SLURM_CONF={shlex.quote(site.slurm.conf)}\n" if site.slurm.conf else ""
     hook_text = (
         "#!/bin/sh\n"

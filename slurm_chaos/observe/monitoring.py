@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.resources import shipped
 from slurm_chaos.sandbox import daemons
 from slurm_chaos.sandbox.layout import Layout
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
-ALERTS_DIR = Path(__file__).resolve().parents[2] / "site_configs" / "alerts"
 RULES_NAME = "slurm-chaos.rules.yml"
 INTERVAL_S = 2
 START_TIMEOUT_S = 30.0
@@ -158,8 +158,9 @@ def write_configs(layout: Layout) -> None:
     mon = monitoring_dir(layout)
     mon.mkdir(parents=True, exist_ok=True)
     rules = mon / RULES_NAME
-    shutil.copyfile(ALERTS_DIR / RULES_NAME, rules)
-    shutil.copyfile(ALERTS_DIR / "alertmanager.yml", mon / "alertmanager.yml")
+    alerts = shipped("site_configs") / "alerts"
+    shutil.copyfile(alerts / RULES_NAME, rules)
+    shutil.copyfile(alerts / "alertmanager.yml", mon / "alertmanager.yml")
     (mon / "prometheus.yml").write_text(prometheus_config(layout, rules))
     for d in (sandbox_heartbeat_dir(layout), layout.root / "health"):
         d.mkdir(parents=True, exist_ok=True)

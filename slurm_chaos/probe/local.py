@@ -8,9 +8,8 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from slurm_chaos.resources import import_root
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ def rank_env(rank: int, world: int, port: int, extra: Mapping[str, str] | None =
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(import_root()), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
     return env
 

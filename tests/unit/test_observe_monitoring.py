@@ -12,6 +12,7 @@ import yaml
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.observe import monitoring
+from slurm_chaos.resources import shipped
 from slurm_chaos.sandbox.layout import Layout
 
 
@@ -33,7 +34,7 @@ def test_prometheus_config_points_at_this_sandboxs_ports(layout: Layout) -> None
     assert am == [f"127.0.0.1:{layout.alertmanager_port}"]
     assert conf["scrape_configs"][0]["static_configs"][0]["targets"] == [f"127.0.0.1:{layout.exporter_port}"]
     assert (mon / "slurm-chaos.rules.yml").read_text() == (
-        monitoring.ALERTS_DIR / "slurm-chaos.rules.yml"
+        shipped("site_configs") / "alerts" / "slurm-chaos.rules.yml"
     ).read_text()
     assert monitoring.sandbox_heartbeat_dir("t-obs") == layout.root / "heartbeat"
     assert (layout.root / "heartbeat").stat().st_mode & 0o1777 == 0o1777

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from slurm_chaos.probe import telemetry as tel
-from slurm_chaos.probe.local import REPO_ROOT
 from slurm_chaos.probe.schema import TELEMETRY_FIELDS
+from slurm_chaos.resources import import_root
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_mempolicy_seen_under_numactl(flag: str, expected: str) -> None:
         ["numactl", flag, sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=import_root(),
         check=True,
     )
     assert out.stdout.strip() == expected

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.local import REPO_ROOT
 from slurm_chaos.probe.reader import read_rank, read_run
 from slurm_chaos.probe.schema import STEP_FIELDS, TELEMETRY_FIELDS
 from slurm_chaos.probe.writer import RankWriter, StepRecord, attempt_path, carry_over
+from slurm_chaos.resources import import_root
 
 ATTRS = {"rank": 0, "world_size": 1, "host": "node1", "job_id": "42", "start_time": 1.0, "restart_step": 0}
 
@@ -87,7 +87,7 @@ while True:
 def test_sigkilled_writer_leaves_readable_file(tmp_path: Path, trial: int) -> None:
     path = tmp_path / "rank-0.h5"
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER_SCRIPT, str(path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER_SCRIPT, str(path)], cwd=import_root(), stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     time.sleep(random.uniform(0.05, 0.6))

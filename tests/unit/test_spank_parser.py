@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slurm_chaos.faults import SpecError, load_catalogue, parse_spec
+from slurm_chaos.faults.catalogue import CATALOGUE_PATH
 from slurm_chaos.faults.spec import format_spec
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
@@ -233,10 +234,15 @@ def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
     result = install_plugin(
         _site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner, journal_dir="/var/lib/j"
     )
-    assert runner.calls == [
+    # Both are built from their shipped sources into a temporary directory, not in place.
+    assert [call[:5] for call in runner.calls] == [
         ("make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={tmp_path / 'prefix'}"),
         ("make", "-C", str(PRELOAD_DIR), "install", f"PREFIX={tmp_path / 'prefix'}"),
     ]
+    builds = [Path(call[5].removeprefix("B=")) for call in runner.calls]
+    assert [b.name for b in builds] == ["spank_plugin", "preload"] and builds[0].parent == builds[1].parent
+    assert not builds[0].parent.exists()  # removed after the install
+    assert all(call[6] == f"CATALOGUE={CATALOGUE_PATH}" for call in runner.calls)
     so = tmp_path / "prefix" / "lib" / "slurm-chaos" / "slurm_chaos.so"
     assert result.replaced and result.plugin_path == so
     assert plugstack.read_text().splitlines() == [

@@ -1,0 +1,63 @@
+"""The files slurm-chaos ships beside its code, found the same way from a wheel and from a checkout.
+
+A wheel or sdist carries them inside the package (``slurm_chaos/<name>/``; setup.py maps the
+top-level ``sbatch_templates/``, ``site_configs/``, ``spank_plugin/`` and ``preload/`` in), so
+importlib.resources finds them wherever pip put the package. In a checkout (PYTHONPATH, or an
+editable install) the top-level directories are read where they are.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+from slurm_chaos.errors import ChaosError
+
+Shipped = Literal[
+    "experiments",  # the experiment library
+    "suites",  # named lists of experiments (campaign --suite)
+    "sbatch_templates",  # Jinja templates of the baseline and fault jobs
+    "site_configs",  # example site configs; alerts/: Prometheus rules, Alertmanager config
+    "spank_plugin",  # C sources and Makefile of the SPANK plugin
+    "preload",  # C sources and Makefile of the checkpoint I/O shim
+]
+
+# What holds the package: a checkout's root, or site-packages.
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _find(name: Shipped) -> Path | None:
+    packaged = files("slurm_chaos") / name
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    checkout = _ROOT / name
+    return checkout if checkout.is_dir() else None
+
+
+def shipped(name: Shipped) -> Path:
+    """The directory `name` as shipped with this slurm_chaos (read-only: never build in it)."""
+    found = _find(name)
+    if found is None:
+        raise ChaosError(f"this slurm-chaos was installed without its {name}/ (looked under {_ROOT})")
+    return found
+
+
+def site_config(arg: str) -> Path:
+    """A --site argument as a path: the file given, or else a shipped site config of that name.
+
+    ``sandbox``, ``sandbox.yaml`` and ``site_configs/sandbox.yaml`` (the README's spelling, typed
+    outside a checkout) name the shipped ``sandbox.yaml`` when there is no such file where the
+    user is. Anything else stays as given, for the site loader to report.
+    """
+    path = Path(arg)
+    configs = _find("site_configs")
+    if path.exists() or configs is None or path.parent not in (Path(), Path("site_configs")):
+        return path
+    candidate = configs / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    return candidate if candidate.is_file() else path
+
+
+def import_root() -> Path:
+    """The directory to put on a child's PYTHONPATH so that it imports this slurm_chaos."""
+    return _ROOT
