@@ -11,9 +11,9 @@
 # What the root gets from this machine, and nothing else:
 #   - the kernel (same namespaces, cgroups and tc as the host), /dev, /sys (with its cgroup mounts),
 #     a /proc of its own (a PID namespace of its own) and an empty /run and /tmp;
-#   - the package sources: apt's mirror, and pip's configuration and the local package directories it
-#     names, if any (this machine's registries; read-only);
-#   - /etc/hosts and /etc/resolv.conf, as a machine's network set-up would.
+#   - the package sources: apt's mirror, and pip's configuration (files and PIP_* environment) and the
+#     local package directories it names, if any (this machine's registries; read-only);
+#   - /etc/hosts, /etc/resolv.conf and the certificate authorities, as a machine's network set-up would.
 # It shares the host's network namespace (apt and pip need it), so its sandboxes' bridges are
 # visible on the host: it refuses to start while a sandbox of the same name (chaos, ci) is up here.
 #
@@ -87,9 +87,23 @@ for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
   sed "s/\bbookworm\b/$release/g" "$f" >"$work/etc/apt/sources.list.d/$name"
 done
 cp /etc/hosts /etc/resolv.conf "$work/etc/"
-for f in /etc/pip.conf /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt; do
-  [ -f "$f" ] && { mkdir -p "$work$(dirname "$f")"; cp "$f" "$work$f"; }
+# The machine's certificate authorities (its network may intercept TLS with a CA of its own), kept
+# where update-ca-certificates finds them again when a package in the root re-runs it.
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$work/usr/local/share/ca-certificates"
+  cp /etc/ssl/certs/ca-certificates.crt "$work/usr/local/share/ca-certificates/machine.crt"
+  cp /etc/ssl/certs/ca-certificates.crt "$work/etc/ssl/certs/ca-certificates.crt"
+fi
+# pip's configuration: its files and its PIP_* environment, as the machine has them.
+pip_confs=(/etc/pip.conf /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt "$HOME/.config/pip/pip.conf"
+           "$HOME/.pip/pip.conf")
+for f in "${pip_confs[@]}"; do
+  [ -f "$f" ] || continue
+  dest="$work${f/#$HOME//root}"
+  mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
 done
+machine_env=()
+while IFS= read -r line; do machine_env+=("$line"); done < <(env | grep -E '^(PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE)=' || true)
 
 bind_ro() {  # bind a host directory read-only at the same path inside the root
   mkdir -p "$work$1"
@@ -97,7 +111,7 @@ bind_ro() {  # bind a host directory read-only at the same path inside the root
   mount -o remount,bind,ro "$work$1"
 }
 # Local package directories that pip's configuration names (find-links, file:// indexes).
-for d in $( { cat /etc/pip.conf /etc/xdg/pip/pip.conf 2>/dev/null || true; } \
+for d in $( { cat "${pip_confs[@]}" 2>/dev/null || true; printf '%s\n' "${machine_env[@]}"; } \
     | grep -oE '(file://)?/[A-Za-z0-9_./-]+' | sed 's#^file://##; s#/simple/*$##' | sort -u); do
   [ -d "$d" ] && case "$d" in /opt/*|/srv/*|/var/cache/*) bind_ro "$d" ;; esac
 done
@@ -119,6 +133,7 @@ mount -t tmpfs -o mode=755 tmpfs /run
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mkdir -p /run/lock
 export HOME=/root LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+$(for e in "${machine_env[@]}"; do printf 'export %q\n' "$e"; done)
 cd /root/slurm-chaos
 IFS=';' read -ra cmds <<<"$commands"
 for c in "\${cmds[@]}"; do
