@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.rendezvous import SOURCES
@@ -129,6 +131,27 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
         flush_every=a.flush_every,
         flush_interval=a.flush_interval,
     )
+
+
+def leave(code: int) -> NoReturn:
+    """End the rank process with `code`, without the interpreter's finalisation.
+
+    By now the rank has closed everything it wrote (rank file, heartbeat) and left its process
+    group. Finalisation would still tear down torch's native state, and that can abort a rank whose
+    work is done: a daemon thread that returns into torch's C++ code while the interpreter shuts
+    down (the background checkpoint writer, held up by slow or hung storage past the final wait) is
+    ended by pthread_exit, and the forced unwinding through C++ frames calls std::terminate
+    ("terminate called without an active exception", exit 134). A failing rank may also hold an
+    HDF5 file its storage refuses (ENOSPC, EIO), whose exit handlers would retry the write and can
+    crash the process, hiding the exit code. MPI, where it launched the rank, is finalised first,
+    as its launcher expects.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

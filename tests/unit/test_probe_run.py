@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +258,37 @@ def test_full_output_storage_fails_the_rank_clearly(full_dir: Path) -> None:
     assert result.returncode == 1
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("probe: error:")]
     assert "No space left on device" in line and "peer" not in line
+
+
+_TORCH_IN_A_DAEMON_THREAD = """
+import io, sys, threading, time
+import torch
+from slurm_chaos.probe.cli import leave
+
+def write():  # as the background checkpoint writer does, forever: slow or hung storage
+    x = torch.randn(1000, 1000)
+    while True:
+        torch.save(x, io.BytesIO())
+
+threading.Thread(target=write, daemon=True).start()
+time.sleep(0.3)
+print("done", flush=True)
+if sys.argv[1] == "leave":
+    leave(0)
+"""
+
+
+def test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch(tmp_path: Path) -> None:
+    """A rank whose checkpoint writer is still inside torch when it ends must exit 0, not abort.
+
+    Through the interpreter's finalisation such a process dies with "terminate called without an
+    active exception" (exit 134); the probe leaves through `leave`, which skips it.
+    """
+    script = tmp_path / "rank.py"
+    script.write_text(_TORCH_IN_A_DAEMON_THREAD)
+    for _ in range(5):
+        res = subprocess.run(
+            [sys.executable, str(script), "leave"], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout == "done\n" and "terminate called" not in res.stderr
