@@ -1,15 +1,22 @@
 #!/bin/sh
-# Runs test_io under the shim, one scenario per process, plus a Python program (when python3 exists).
+# Runs each scenario of test_io twice, one process each: the plain program under LD_PRELOAD of the
+# hardened shim, and test_io_san (the shim linked in, ASan+UBSan); then a Python program under the shim.
 set -eu
 B=${1:-build}
 LIB=$(cd "$B" && pwd)/libslurm_chaos_io.so
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-run() {
-	scenario=$1; shift
+export ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fresh() {
 	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"
 	echo data > "$T/ckpt/a.pt"
-	env "$@" SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" "$B/test_io" "$scenario" "$T/ckpt" "$T/other"
+}
+run() {
+	scenario=$1; shift
+	fresh
+	env "$@" SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" timeout 30 "$B/test_io" "$scenario" "$T/ckpt" "$T/other"
+	fresh
+	env "$@" SLURM_CHAOS_CKPT_DIR="$T/ckpt" timeout 30 "$B/test_io_san" "$scenario" "$T/ckpt" "$T/other"
 }
 run enospc SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000
 run eio SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
@@ -17,9 +24,11 @@ run hang SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=100 SLURM_CHAOS_IO
 run stdio SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run after SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_S=1
 run passive SLURM_CHAOS_IO_AFTER_BYTES=0
+run socket_dirfd SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
 # A symlinked checkpoint path is recognised by where it leads.
 rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"
 env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" LD_PRELOAD="$LIB" "$B/test_io" eio "$T/ckpt" "$T/other"
+env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" "$B/test_io_san" eio "$T/ckpt" "$T/other"
 if command -v "${PYTHON:-python3}" >/dev/null 2>&1; then
 	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"
 	env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=4096 SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" \

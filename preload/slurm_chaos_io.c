@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sc_path.h"
+
 #define SC_EXPORT __attribute__((visibility("default")))
 #define MAX_TRACKED_FD 65536
 
@@ -99,33 +101,6 @@ static void resolve_all(void)
 	RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
 }
 
-/* Lexically normalise an absolute path in place: no //, /./ or /../ left, no trailing '/'. */
-static void normalise(char *p)
-{
-	char *out = p, *in = p;
-	while (*in) {
-		while (*in == '/')
-			in++;
-		char *seg = in;
-		while (*in && *in != '/')
-			in++;
-		size_t len = (size_t)(in - seg);
-		if (len == 0 || (len == 1 && seg[0] == '.'))
-			continue;
-		if (len == 2 && seg[0] == '.' && seg[1] == '.') {
-			while (out > p && *--out != '/')
-				;
-			continue;
-		}
-		*out++ = '/';
-		memmove(out, seg, len);
-		out += len;
-	}
-	if (out == p)
-		*out++ = '/';
-	*out = '\0';
-}
-
 static void sc_init(void)
 {
 	resolve_all();
@@ -144,25 +119,17 @@ static void sc_init(void)
 		cfg.fault = SC_HANG;
 	else
 		return;
-	char buf[2 * PATH_MAX];
-	if (dir[0] == '/') {
-		snprintf(buf, sizeof(buf), "%s", dir);
-	} else {
-		char cwd[PATH_MAX];
-		if (!getcwd(cwd, sizeof(cwd))) {
-			cfg.fault = SC_NONE;
-			return;
-		}
-		snprintf(buf, sizeof(buf), "%s/%s", cwd, dir);
+	char cwd[PATH_MAX];
+	if (dir[0] != '/' && !getcwd(cwd, sizeof(cwd))) {
+		cfg.fault = SC_NONE;
+		return;
 	}
-	normalise(buf);
-	size_t len = strlen(buf);
-	if (len >= sizeof(cfg.dir)) {
+	long len = sc_path_resolve(cwd, dir, cfg.dir, sizeof(cfg.dir));
+	if (len < 0) {
 		cfg.fault = SC_NONE; /* no real directory has such a path */
 		return;
 	}
-	memcpy(cfg.dir, buf, len + 1);
-	cfg.dir_len = len;
+	cfg.dir_len = (size_t)len;
 	char real[PATH_MAX];
 	if (realpath(cfg.dir, real) && strcmp(real, cfg.dir)) {
 		snprintf(cfg.real_dir, sizeof(cfg.real_dir), "%s", real);
@@ -189,40 +156,40 @@ static double elapsed_s(void)
 	return (double)(now.tv_sec - cfg.t0.tv_sec) + (double)(now.tv_nsec - cfg.t0.tv_nsec) / 1e9;
 }
 
-static int has_prefix(const char *path, const char *dir, size_t len)
+static int in_ckpt(const char *abs)
 {
-	if (!len)
-		return 0;
-	if (len == 1 && dir[0] == '/')
-		return path[0] == '/';
-	return !strncmp(path, dir, len) && (path[len] == '/' || path[len] == '\0');
+	return sc_path_under(abs, cfg.dir, cfg.dir_len) || sc_path_under(abs, cfg.real_dir, cfg.real_len);
+}
+
+/*
+ * The absolute path an *at() call takes `dirfd` for; 0 when it names no directory path (a socket or
+ * a pipe reads "socket:[...]"): the kernel then fails the call with ENOTDIR, and it is none of ours.
+ */
+static int dirfd_path(int dirfd, char *base, size_t cap)
+{
+	if (dirfd == AT_FDCWD)
+		return getcwd(base, cap) && base[0] == '/';
+	char link[32];
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
+	ssize_t n = readlink(link, base, cap - 1);
+	if (n <= 0 || (size_t)n >= cap - 1)
+		return 0; /* unreadable, or perhaps cut short */
+	base[n] = '\0';
+	return base[0] == '/';
 }
 
 /* Is `path` (relative to `dirfd`) the checkpoint directory or under it? */
 static int under_dir(int dirfd, const char *path)
 {
-	if (cfg.fault == SC_NONE || !path || !*path)
+	/* A path the kernel refuses as too long (ENAMETOOLONG) is none of ours either. */
+	if (cfg.fault == SC_NONE || !path || !*path || strnlen(path, PATH_MAX) >= PATH_MAX)
 		return 0;
-	char abs[2 * PATH_MAX + 2];
-	if (path[0] == '/') {
-		snprintf(abs, sizeof(abs), "%s", path);
-	} else {
-		char base[PATH_MAX];
-		if (dirfd == AT_FDCWD) {
-			if (!getcwd(base, sizeof(base)))
-				return 0;
-		} else {
-			char link[64];
-			snprintf(link, sizeof(link), "/proc/self/fd/%d", dirfd);
-			ssize_t n = readlink(link, base, sizeof(base) - 1);
-			if (n <= 0)
-				return 0;
-			base[n] = '\0';
-		}
-		snprintf(abs, sizeof(abs), "%s/%s", base, path);
-	}
-	normalise(abs);
-	if (has_prefix(abs, cfg.dir, cfg.dir_len) || has_prefix(abs, cfg.real_dir, cfg.real_len))
+	char base[PATH_MAX], abs[2 * PATH_MAX];
+	if (path[0] != '/' && !dirfd_path(dirfd, base, sizeof(base)))
+		return 0;
+	if (sc_path_resolve(base, path, abs, sizeof(abs)) < 0)
+		return 0;
+	if (in_ckpt(abs))
 		return 1;
 	/* A symlinked parent: compare the real directory the file would land in. */
 	char *slash = strrchr(abs, '/');
@@ -230,9 +197,7 @@ static int under_dir(int dirfd, const char *path)
 		return 0;
 	*slash = '\0';
 	char real[PATH_MAX];
-	if (!realpath(abs, real))
-		return 0;
-	return has_prefix(real, cfg.dir, cfg.dir_len) || has_prefix(real, cfg.real_dir, cfg.real_len);
+	return realpath(abs, real) && in_ckpt(real);
 }
 
 /* Bytes still allowed before the fault starts (0: it is active now). */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -167,10 +168,41 @@ static void passive(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+/* An openat base that is no directory: /proc/self/fd/N names "socket:[...]" or "pipe:[...]". */
+static void socket_dirfd(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=eio, AFTER_BYTES=0 */
+	int sv[2], pv[2];
+	EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && pipe(pv) == 0, "socketpair, pipe");
+	static char longrel[3000];
+	for (size_t i = 0; i + 2 < sizeof(longrel); i += 2)
+		memcpy(longrel + i, "a/", 2);
+	const char *rels[] = {"x.pt", "a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/q/r/s/t/u/v/w/x/y/z", longrel, "..", "../../..", ""};
+	for (size_t i = 0; i < sizeof(rels) / sizeof(rels[0]); i++) {
+		int bases[] = {sv[0], pv[0], pv[1]};
+		for (size_t j = 0; j < 3; j++) {
+			errno = 0;
+			int fd = openat(bases[j], rels[i], O_WRONLY | O_CREAT, 0644);
+			EXPECT(fd == -1 && (errno == ENOTDIR || errno == ENOENT), "openat on a non-directory base: ENOTDIR");
+			errno = 0;
+			EXPECT(mkdirat(bases[j], rels[i], 0755) == -1 && errno != EIO, "mkdirat on a non-directory base");
+		}
+	}
+	close(sv[0]);
+	close(sv[1]);
+	close(pv[0]);
+	close(pv[1]);
+	int dirfd = open(ckpt, O_RDONLY | O_DIRECTORY);
+	errno = 0;
+	EXPECT(openat(dirfd, "rel.pt", O_WRONLY | O_CREAT, 0644) == -1 && errno == EIO, "a real base still counts");
+	close(dirfd);
+	other_dir_untouched(other);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
-		fprintf(stderr, "usage: test_io enospc|eio|hang|stdio|after|passive CKPT_DIR OTHER_DIR\n");
+		fprintf(stderr, "usage: test_io SCENARIO CKPT_DIR OTHER_DIR\n");
 		return 2;
 	}
 	memset(buf, 'x', sizeof(buf));
@@ -187,8 +219,14 @@ int main(int argc, char **argv)
 		after_seconds(argv[2], argv[3]);
 	else if (!strcmp(s, "passive"))
 		passive(argv[2], argv[3]);
+	else if (!strcmp(s, "socket_dirfd"))
+		socket_dirfd(argv[2], argv[3]);
 	else
 		return 2;
+#ifdef __SANITIZE_ADDRESS__
+	printf("san %s: %s\n", s, failures ? "FAILED" : "ok"); /* the shim linked in, under ASan+UBSan */
+#else
 	printf("%s: %s\n", s, failures ? "FAILED" : "ok");
+#endif
 	return failures ? 1 : 0;
 }
