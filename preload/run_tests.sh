@@ -25,6 +25,9 @@ run stdio SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run after SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_S=1
 run passive SLURM_CHAOS_IO_AFTER_BYTES=0
 run socket_dirfd SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
+run fd_reuse SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
+run dup_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
+run high_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 # A symlinked checkpoint path is recognised by where it leads.
 rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"
 env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" LD_PRELOAD="$LIB" "$B/test_io" eio "$T/ckpt" "$T/other"

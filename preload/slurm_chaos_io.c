@@ -34,10 +34,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sc_fdmark.h"
 #include "sc_path.h"
 
+/* glibc < 2.34 declares neither; a program built there cannot call them, the shim still builds. */
+int close_range(unsigned int first, unsigned int last, int flags);
+void closefrom(int lowfd);
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
 #define SC_EXPORT __attribute__((visibility("default")))
-#define MAX_TRACKED_FD 65536
 
 enum sc_fault { SC_NONE, SC_ENOSPC, SC_EIO, SC_HANG };
 
@@ -56,7 +63,6 @@ static struct {
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static _Atomic unsigned long long bytes_written;
 static atomic_int announced;
-static atomic_uchar tracked[MAX_TRACKED_FD];
 
 /* The next definition of each function we wrap (libc's). */
 #define REAL(name) real_##name
@@ -80,6 +86,10 @@ DECLARE_REAL(int, close, int);
 DECLARE_REAL(int, dup, int);
 DECLARE_REAL(int, dup2, int, int);
 DECLARE_REAL(int, dup3, int, int, int);
+DECLARE_REAL(int, fcntl, int, int, ...);
+DECLARE_REAL(int, fcntl64, int, int, ...);
+DECLARE_REAL(int, close_range, unsigned int, unsigned int, int);
+DECLARE_REAL(void, closefrom, int);
 DECLARE_REAL(int, rename, const char *, const char *);
 DECLARE_REAL(int, renameat, int, const char *, int, const char *);
 DECLARE_REAL(int, renameat2, int, const char *, int, const char *, unsigned int);
@@ -97,6 +107,7 @@ static void resolve_all(void)
 	RESOLVE(write); RESOLVE(pwrite); RESOLVE(pwrite64); RESOLVE(writev); RESOLVE(pwritev);
 	RESOLVE(read); RESOLVE(pread); RESOLVE(pread64); RESOLVE(readv);
 	RESOLVE(fsync); RESOLVE(fdatasync); RESOLVE(close); RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3);
+	RESOLVE(fcntl); RESOLVE(fcntl64); RESOLVE(close_range); RESOLVE(closefrom);
 	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(mkdir); RESOLVE(mkdirat);
 	RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
 }
@@ -258,15 +269,50 @@ static int inject(int is_read)
 	}
 }
 
-static inline int is_tracked(int fd)
+/*
+ * Is `fd` open on a checkpoint file? Its mark counts only while fstat still shows the file it was
+ * taken for: an fd closed behind the wrappers' back (syscall(SYS_close), libc's own fclose) and
+ * reused for a file elsewhere is not faulted.
+ */
+static int is_tracked(int fd)
 {
-	return fd >= 0 && fd < MAX_TRACKED_FD && atomic_load(&tracked[fd]);
+	dev_t dev;
+	ino_t ino;
+	if (!sc_mark_get(fd, &dev, &ino))
+		return 0;
+	int saved = errno;
+	struct stat st;
+	int same = fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+	errno = saved;
+	if (!same)
+		sc_mark_clear(fd);
+	return same;
 }
 
-static inline void set_tracked(int fd, int on)
+/* After an open: mark the fd with its file's identity, or drop a stale mark. */
+static void track(int fd, int mine)
 {
-	if (fd >= 0 && fd < MAX_TRACKED_FD)
-		atomic_store(&tracked[fd], (unsigned char)on);
+	int saved = errno;
+	struct stat st;
+	/* No page for the mark (mmap failed): the file goes untracked, its I/O unfaulted. */
+	if (mine && fstat(fd, &st) == 0)
+		sc_mark_set(fd, st.st_dev, st.st_ino);
+	else
+		sc_mark_clear(fd);
+	errno = saved;
+}
+
+/* After a dup of `from` onto `to`: the copy is a checkpoint file exactly when the original is. */
+static void track_dup(int from, int to)
+{
+	dev_t dev;
+	ino_t ino;
+	if (from == to)
+		return;
+	if (is_tracked(from) && sc_mark_get(from, &dev, &ino))
+		sc_mark_set(to, dev, ino);
+	else
+		sc_mark_clear(to);
 }
 
 static int wants_write(int flags)
@@ -295,7 +341,7 @@ static int wants_write(int flags)
 		}                                                                            \
 		int fd = call;                                                               \
 		if (fd >= 0)                                                                 \
-			set_tracked(fd, mine);                                               \
+			track(fd, mine);                                                     \
 		return fd;                                                                   \
 	} while (0)
 
@@ -508,8 +554,29 @@ SC_EXPORT int fdatasync(int fd)
 SC_EXPORT int close(int fd)
 {
 	ensure_init();
-	set_tracked(fd, 0);
+	sc_mark_clear(fd);
 	return REAL(close)(fd);
+}
+
+SC_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+	ensure_init();
+	if (!(flags & CLOSE_RANGE_CLOEXEC))
+		sc_mark_clear_range(first, last);
+	if (!REAL(close_range)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return REAL(close_range)(first, last, flags);
+}
+
+SC_EXPORT void closefrom(int lowfd)
+{
+	ensure_init();
+	if (lowfd >= 0)
+		sc_mark_clear_range((unsigned)lowfd, ~0U);
+	if (REAL(closefrom))
+		REAL(closefrom)(lowfd);
 }
 
 SC_EXPORT int dup(int fd)
@@ -517,7 +584,7 @@ SC_EXPORT int dup(int fd)
 	ensure_init();
 	int nfd = REAL(dup)(fd);
 	if (nfd >= 0)
-		set_tracked(nfd, is_tracked(fd));
+		track_dup(fd, nfd);
 	return nfd;
 }
 
@@ -526,7 +593,7 @@ SC_EXPORT int dup2(int fd, int nfd)
 	ensure_init();
 	int r = REAL(dup2)(fd, nfd);
 	if (r >= 0)
-		set_tracked(r, is_tracked(fd));
+		track_dup(fd, r);
 	return r;
 }
 
@@ -535,8 +602,32 @@ SC_EXPORT int dup3(int fd, int nfd, int flags)
 	ensure_init();
 	int r = REAL(dup3)(fd, nfd, flags);
 	if (r >= 0)
-		set_tracked(r, is_tracked(fd));
+		track_dup(fd, r);
 	return r;
+}
+
+/* The third argument is read as glibc's own fcntl reads it: one pointer-sized word, or nothing. */
+#define FCNTL_BODY(real, fd, cmd)                                                            \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		va_list ap;                                                                  \
+		va_start(ap, cmd);                                                           \
+		void *arg = va_arg(ap, void *);                                              \
+		va_end(ap);                                                                  \
+		int r = real(fd, cmd, arg);                                                  \
+		if (r >= 0 && ((cmd) == F_DUPFD || (cmd) == F_DUPFD_CLOEXEC))                \
+			track_dup(fd, r);                                                    \
+		return r;                                                                    \
+	} while (0)
+
+SC_EXPORT int fcntl(int fd, int cmd, ...)
+{
+	FCNTL_BODY(REAL(fcntl), fd, cmd);
+}
+
+SC_EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	FCNTL_BODY(REAL(fcntl64), fd, cmd);
 }
 
 /* Namespace changes into (or out of) the directory. */
