@@ -27,6 +27,7 @@ run passive SLURM_CHAOS_IO_AFTER_BYTES=0
 run socket_dirfd SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
 run fd_reuse SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 run dup_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
+run tmpfile SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run high_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 # A symlinked checkpoint path is recognised by where it leads.
 rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"

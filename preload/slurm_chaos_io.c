@@ -93,6 +93,8 @@ DECLARE_REAL(void, closefrom, int);
 DECLARE_REAL(int, rename, const char *, const char *);
 DECLARE_REAL(int, renameat, int, const char *, int, const char *);
 DECLARE_REAL(int, renameat2, int, const char *, int, const char *, unsigned int);
+DECLARE_REAL(int, link, const char *, const char *);
+DECLARE_REAL(int, linkat, int, const char *, int, const char *, int);
 DECLARE_REAL(int, mkdir, const char *, mode_t);
 DECLARE_REAL(int, mkdirat, int, const char *, mode_t);
 DECLARE_REAL(FILE *, fopen, const char *, const char *);
@@ -108,7 +110,7 @@ static void resolve_all(void)
 	RESOLVE(read); RESOLVE(pread); RESOLVE(pread64); RESOLVE(readv);
 	RESOLVE(fsync); RESOLVE(fdatasync); RESOLVE(close); RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3);
 	RESOLVE(fcntl); RESOLVE(fcntl64); RESOLVE(close_range); RESOLVE(closefrom);
-	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(mkdir); RESOLVE(mkdirat);
+	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(link); RESOLVE(linkat); RESOLVE(mkdir); RESOLVE(mkdirat);
 	RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
 }
 
@@ -331,7 +333,9 @@ static int wants_write(int flags)
 			mode = (mode_t)va_arg(ap, int);                                      \
 			va_end(ap);                                                          \
 		}                                                                            \
-		int mine = !((flags) & O_DIRECTORY) && under_dir(dirfd, path);               \
+		/* O_TMPFILE includes O_DIRECTORY: its path is the directory, the file ours. */ \
+		int mine = (((flags) & O_TMPFILE) == O_TMPFILE || !((flags) & O_DIRECTORY)) &&  \
+			   under_dir(dirfd, path);                                           \
 		if (mine && active()) {                                                      \
 			int e = inject(!wants_write(flags));                                 \
 			if (e) {                                                             \
@@ -630,10 +634,55 @@ SC_EXPORT int fcntl64(int fd, int cmd, ...)
 	FCNTL_BODY(REAL(fcntl64), fd, cmd);
 }
 
-/* Namespace changes into (or out of) the directory. */
-static int path_fault(int dirfd, const char *path)
+/* Fails the call with the fault's errno, if `e` is one. */
+#define RETURN_IF_FAULT(e, failed)                                                           \
+	do {                                                                                 \
+		int e_ = (e);                                                                \
+		if (e_) {                                                                    \
+			errno = e_;                                                          \
+			return failed;                                                       \
+		}                                                                            \
+	} while (0)
+
+/* Is the file open on `fd` in the directory: tracked, or (opened before the shim saw it) named there? */
+static int fd_under_dir(int fd)
 {
-	if (!under_dir(dirfd, path) || !active())
+	if (is_tracked(fd))
+		return 1;
+	char link[32], target[PATH_MAX];
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(link, target, sizeof(target) - 1);
+	if (n <= 0 || (size_t)n >= sizeof(target) - 1)
+		return 0;
+	target[n] = '\0';
+	sc_path_strip_deleted(target); /* an O_TMPFILE file reads "/ckpt/#1234 (deleted)" */
+	return target[0] == '/' && under_dir(AT_FDCWD, target);
+}
+
+/* linkat's old file: an fd (AT_EMPTY_PATH), a path, or what the symlink there names (AT_SYMLINK_FOLLOW). */
+static int link_source_under_dir(int dirfd, const char *path, int flags)
+{
+	if ((flags & AT_EMPTY_PATH) && path && !*path)
+		return fd_under_dir(dirfd);
+	if (under_dir(dirfd, path))
+		return 1;
+	if (!(flags & AT_SYMLINK_FOLLOW))
+		return 0;
+	int saved = errno;
+	char target[PATH_MAX];
+	ssize_t n = readlinkat(dirfd, path, target, sizeof(target) - 1);
+	errno = saved;
+	if (n <= 0 || (size_t)n >= sizeof(target) - 1)
+		return 0;
+	target[n] = '\0';
+	sc_path_strip_deleted(target); /* /proc/self/fd/N of an O_TMPFILE file */
+	return target[0] == '/' && under_dir(AT_FDCWD, target);
+}
+
+/* Namespace changes into, out of or inside the directory: either end in it counts. */
+static int namespace_fault(int in_dir)
+{
+	if (!in_dir || !active())
 		return 0;
 	return inject(0);
 }
@@ -641,55 +690,50 @@ static int path_fault(int dirfd, const char *path)
 SC_EXPORT int rename(const char *oldpath, const char *newpath)
 {
 	ensure_init();
-	int e = path_fault(AT_FDCWD, newpath);
-	if (e) {
-		errno = e;
-		return -1;
-	}
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, oldpath) || under_dir(AT_FDCWD, newpath)), -1);
 	return REAL(rename)(oldpath, newpath);
 }
 
 SC_EXPORT int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
 {
 	ensure_init();
-	int e = path_fault(newdirfd, newpath);
-	if (e) {
-		errno = e;
-		return -1;
-	}
+	RETURN_IF_FAULT(namespace_fault(under_dir(olddirfd, oldpath) || under_dir(newdirfd, newpath)), -1);
 	return REAL(renameat)(olddirfd, oldpath, newdirfd, newpath);
 }
 
 SC_EXPORT int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
 {
 	ensure_init();
-	int e = path_fault(newdirfd, newpath);
-	if (e) {
-		errno = e;
-		return -1;
-	}
+	RETURN_IF_FAULT(namespace_fault(under_dir(olddirfd, oldpath) || under_dir(newdirfd, newpath)), -1);
 	return REAL(renameat2)(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+SC_EXPORT int link(const char *oldpath, const char *newpath)
+{
+	ensure_init();
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, oldpath) || under_dir(AT_FDCWD, newpath)), -1);
+	return REAL(link)(oldpath, newpath);
+}
+
+SC_EXPORT int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags)
+{
+	ensure_init();
+	RETURN_IF_FAULT(namespace_fault(cfg.fault != SC_NONE && (link_source_under_dir(olddirfd, oldpath, flags) ||
+								   under_dir(newdirfd, newpath))), -1);
+	return REAL(linkat)(olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
 SC_EXPORT int mkdir(const char *path, mode_t mode)
 {
 	ensure_init();
-	int e = path_fault(AT_FDCWD, path);
-	if (e) {
-		errno = e;
-		return -1;
-	}
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, path)), -1);
 	return REAL(mkdir)(path, mode);
 }
 
 SC_EXPORT int mkdirat(int dirfd, const char *path, mode_t mode)
 {
 	ensure_init();
-	int e = path_fault(dirfd, path);
-	if (e) {
-		errno = e;
-		return -1;
-	}
+	RETURN_IF_FAULT(namespace_fault(under_dir(dirfd, path)), -1);
 	return REAL(mkdirat)(dirfd, path, mode);
 }
 

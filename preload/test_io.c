@@ -104,6 +104,11 @@ static void eio(const char *ckpt, const char *other)
 	errno = 0;
 	EXPECT(openat(dirfd, "rel.pt", O_WRONLY | O_CREAT, 0644) == -1 && errno == EIO, "openat relative: EIO");
 	close(dirfd);
+	errno = 0;
+	EXPECT(open(ckpt, O_TMPFILE | O_RDWR, 0600) == -1 && errno == EIO, "O_TMPFILE in the directory: EIO");
+	dirfd = open(ckpt, O_RDONLY | O_DIRECTORY);
+	EXPECT(dirfd >= 0, "the directory itself still opens (to list it, or as an openat base)");
+	close(dirfd);
 	char cwd[4096];
 	EXPECT(getcwd(cwd, sizeof(cwd)) != NULL, "getcwd");
 	EXPECT(chdir(ckpt) == 0, "chdir");
@@ -308,6 +313,65 @@ static void high_fds(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+/* An unnamed file in the directory (O_TMPFILE), then linked in: the write-then-link pattern. */
+static void tmpfile_and_links(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=enospc, AFTER_BYTES=100 */
+	int fd = open(ckpt, O_TMPFILE | O_WRONLY, 0600);
+	if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR)) {
+		printf("tmpfile: skipped (no O_TMPFILE on this file system)\n");
+		skipped = 1;
+		return;
+	}
+	EXPECT(fd >= 0, "O_TMPFILE in the checkpoint directory, before the threshold");
+	EXPECT(write(fd, buf, 100) == 100, "100 bytes to the unnamed file");
+	EXPECT_FAULTED(fd, "O_TMPFILE file after the threshold");
+	int dirfd = open(ckpt, O_RDONLY | O_DIRECTORY);
+	errno = 0;
+	EXPECT(openat(dirfd, ".", O_TMPFILE | O_RDWR, 0600) == -1 && errno == ENOSPC, "openat O_TMPFILE: ENOSPC");
+	int ofd = open(other, O_TMPFILE | O_WRONLY, 0600);
+	EXPECT(ofd >= 0 && write(ofd, buf, 10) == 10, "O_TMPFILE elsewhere is left alone");
+
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+	errno = 0;
+	EXPECT(linkat(AT_FDCWD, self, AT_FDCWD, join(ckpt, "final.pt"), AT_SYMLINK_FOLLOW) == -1 && errno == ENOSPC,
+	       "linkat of the unnamed file into the directory: ENOSPC");
+	errno = 0;
+	EXPECT(linkat(AT_FDCWD, self, AT_FDCWD, join(other, "escaped.pt"), AT_SYMLINK_FOLLOW) == -1 && errno == ENOSPC,
+	       "linkat of the unnamed file out of the directory (old path checked): ENOSPC");
+	errno = 0;
+	EXPECT(linkat(fd, "", AT_FDCWD, join(other, "escaped2.pt"), AT_EMPTY_PATH) == -1 && errno == ENOSPC,
+	       "linkat AT_EMPTY_PATH of a checkpoint fd: ENOSPC");
+	errno = 0;
+	EXPECT(linkat(dirfd, "a.pt", AT_FDCWD, join(other, "a-link"), 0) == -1 && errno == ENOSPC,
+	       "linkat out of the directory, relative to a dirfd: ENOSPC");
+	errno = 0;
+	EXPECT(link(join(ckpt, "a.pt"), join(other, "a-link")) == -1 && errno == ENOSPC, "link out: ENOSPC");
+	int tmp = open(join(other, "in"), O_WRONLY | O_CREAT, 0644);
+	close(tmp);
+	errno = 0;
+	EXPECT(link(join(other, "in"), join(ckpt, "in")) == -1 && errno == ENOSPC, "link in: ENOSPC");
+
+	errno = 0;
+	EXPECT(rename(join(ckpt, "a.pt"), join(other, "moved")) == -1 && errno == ENOSPC, "rename out: ENOSPC");
+	errno = 0;
+	EXPECT(renameat(dirfd, "a.pt", AT_FDCWD, join(other, "moved")) == -1 && errno == ENOSPC, "renameat out: ENOSPC");
+	errno = 0;
+	EXPECT(renameat2(dirfd, "a.pt", AT_FDCWD, join(other, "moved"), RENAME_NOREPLACE) == -1 && errno == ENOSPC,
+	       "renameat2 out: ENOSPC");
+	errno = 0;
+	EXPECT(renameat2(AT_FDCWD, join(other, "in"), dirfd, "in", 0) == -1 && errno == ENOSPC, "renameat2 in: ENOSPC");
+	struct stat st;
+	EXPECT(stat(join(ckpt, "a.pt"), &st) == 0, "the checkpoint stayed where it was");
+	EXPECT(link(join(other, "in"), join(other, "in2")) == 0 && rename(join(other, "in2"), join(other, "in3")) == 0,
+	       "link and rename elsewhere work");
+	close(dirfd);
+	close(ofd);
+	close(fd);
+	other_dir_untouched(other);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -334,6 +398,8 @@ int main(int argc, char **argv)
 		fd_reuse(argv[2], argv[3]);
 	else if (!strcmp(s, "dup_fds"))
 		dup_fds(argv[2], argv[3]);
+	else if (!strcmp(s, "tmpfile"))
+		tmpfile_and_links(argv[2], argv[3]);
 	else if (!strcmp(s, "high_fds"))
 		high_fds(argv[2], argv[3]);
 	else
