@@ -30,9 +30,10 @@ run dup_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 run tmpfile SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run high_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 # A symlinked checkpoint path is recognised by where it leads.
-rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"
-env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" LD_PRELOAD="$LIB" "$B/test_io" eio "$T/ckpt" "$T/other"
-env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" "$B/test_io_san" eio "$T/ckpt" "$T/other"
+for bin in "env LD_PRELOAD=$LIB $B/test_io" "$B/test_io_san"; do
+	rm -rf "$T/ckpt" "$T/other" "$T/real"; mkdir -p "$T/real" "$T/other"; ln -s "$T/real" "$T/ckpt"
+	env SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_PATH="$T/real" $bin eio "$T/ckpt" "$T/other"
+done
 if command -v "${PYTHON:-python3}" >/dev/null 2>&1; then
 	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"
 	env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=4096 SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" \

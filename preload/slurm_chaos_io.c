@@ -191,26 +191,49 @@ static int dirfd_path(int dirfd, char *base, size_t cap)
 	return base[0] == '/';
 }
 
-/* Is `path` (relative to `dirfd`) the checkpoint directory or under it? */
-static int under_dir(int dirfd, const char *path)
+enum { NOFOLLOW, FOLLOW };
+#define MAX_SYMLINKS 8
+
+/*
+ * Does `path` (relative to `dirfd`) name the checkpoint directory or a file under it? Lexically
+ * first; then by the real directory the name lands in (a symlinked parent) and, for a call that
+ * follows a final symlink (`follow`: open without O_NOFOLLOW, linkat AT_SYMLINK_FOLLOW), by where
+ * the symlink leads: a symlink to the directory, or /proc/self/fd/N of an O_TMPFILE file there.
+ */
+static int under_dir(int dirfd, const char *path, int follow)
 {
 	/* A path the kernel refuses as too long (ENAMETOOLONG) is none of ours either. */
 	if (cfg.fault == SC_NONE || !path || !*path || strnlen(path, PATH_MAX) >= PATH_MAX)
 		return 0;
-	char base[PATH_MAX], abs[2 * PATH_MAX];
-	if (path[0] != '/' && !dirfd_path(dirfd, base, sizeof(base)))
-		return 0;
-	if (sc_path_resolve(base, path, abs, sizeof(abs)) < 0)
-		return 0;
-	if (in_ckpt(abs))
-		return 1;
-	/* A symlinked parent: compare the real directory the file would land in. */
-	char *slash = strrchr(abs, '/');
-	if (!slash || slash == abs)
-		return 0;
-	*slash = '\0';
-	char real[PATH_MAX];
-	return realpath(abs, real) && in_ckpt(real);
+	int saved = errno, found = 0;
+	char cur[2 * PATH_MAX], real[PATH_MAX], name[PATH_MAX];
+	if (path[0] != '/' && !dirfd_path(dirfd, real, sizeof(real)))
+		goto out;
+	if (sc_path_resolve(real, path, cur, sizeof(cur)) < 0)
+		goto out;
+	for (int links = 0;; links++) {
+		if ((found = in_ckpt(cur)))
+			break;
+		char *slash = strrchr(cur, '/');
+		size_t len = strlen(slash + 1);
+		if (!len || len >= sizeof(name))
+			break; /* the root itself */
+		memcpy(name, slash + 1, len + 1);
+		*slash = '\0';
+		if (!realpath(slash == cur ? "/" : cur, real) || sc_path_resolve(real, name, cur, sizeof(cur)) < 0)
+			break;
+		if ((found = in_ckpt(cur)) || !follow || links == MAX_SYMLINKS)
+			break;
+		ssize_t n = readlink(cur, name, sizeof(name) - 1);
+		if (n <= 0 || (size_t)n >= sizeof(name) - 1)
+			break; /* no symlink (EINVAL): the name is what it is */
+		name[n] = '\0';
+		if (sc_path_resolve(real, name, cur, sizeof(cur)) < 0)
+			break;
+	}
+out:
+	errno = saved;
+	return found;
 }
 
 /* Bytes still allowed before the fault starts (0: it is active now). */
@@ -335,7 +358,7 @@ static int wants_write(int flags)
 		}                                                                            \
 		/* O_TMPFILE includes O_DIRECTORY: its path is the directory, the file ours. */ \
 		int mine = (((flags) & O_TMPFILE) == O_TMPFILE || !((flags) & O_DIRECTORY)) &&  \
-			   under_dir(dirfd, path);                                           \
+			   under_dir(dirfd, path, !((flags) & O_NOFOLLOW));                  \
 		if (mine && active()) {                                                      \
 			int e = inject(!wants_write(flags));                                 \
 			if (e) {                                                             \
@@ -647,36 +670,28 @@ SC_EXPORT int fcntl64(int fd, int cmd, ...)
 /* Is the file open on `fd` in the directory: tracked, or (opened before the shim saw it) named there? */
 static int fd_under_dir(int fd)
 {
+	if (cfg.fault == SC_NONE)
+		return 0;
 	if (is_tracked(fd))
 		return 1;
+	int saved = errno;
 	char link[32], target[PATH_MAX];
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	ssize_t n = readlink(link, target, sizeof(target) - 1);
-	if (n <= 0 || (size_t)n >= sizeof(target) - 1)
-		return 0;
-	target[n] = '\0';
-	sc_path_strip_deleted(target); /* an O_TMPFILE file reads "/ckpt/#1234 (deleted)" */
-	return target[0] == '/' && under_dir(AT_FDCWD, target);
-}
-
-/* linkat's old file: an fd (AT_EMPTY_PATH), a path, or what the symlink there names (AT_SYMLINK_FOLLOW). */
-static int link_source_under_dir(int dirfd, const char *path, int flags)
-{
-	if ((flags & AT_EMPTY_PATH) && path && !*path)
-		return fd_under_dir(dirfd);
-	if (under_dir(dirfd, path))
-		return 1;
-	if (!(flags & AT_SYMLINK_FOLLOW))
-		return 0;
-	int saved = errno;
-	char target[PATH_MAX];
-	ssize_t n = readlinkat(dirfd, path, target, sizeof(target) - 1);
 	errno = saved;
 	if (n <= 0 || (size_t)n >= sizeof(target) - 1)
 		return 0;
 	target[n] = '\0';
-	sc_path_strip_deleted(target); /* /proc/self/fd/N of an O_TMPFILE file */
-	return target[0] == '/' && under_dir(AT_FDCWD, target);
+	sc_path_strip_deleted(target); /* an O_TMPFILE file reads "/ckpt/#1234 (deleted)" */
+	return target[0] == '/' && under_dir(AT_FDCWD, target, NOFOLLOW);
+}
+
+/* linkat's old file: an fd (AT_EMPTY_PATH), or a path, followed if AT_SYMLINK_FOLLOW says so. */
+static int link_source_under_dir(int dirfd, const char *path, int flags)
+{
+	if ((flags & AT_EMPTY_PATH) && path && !*path)
+		return fd_under_dir(dirfd);
+	return under_dir(dirfd, path, (flags & AT_SYMLINK_FOLLOW) ? FOLLOW : NOFOLLOW);
 }
 
 /* Namespace changes into, out of or inside the directory: either end in it counts. */
@@ -687,53 +702,59 @@ static int namespace_fault(int in_dir)
 	return inject(0);
 }
 
+/* rename and link: the old name and the new one (neither followed if a symlink). */
+static int two_path_fault(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
+{
+	return namespace_fault(under_dir(olddirfd, oldpath, NOFOLLOW) || under_dir(newdirfd, newpath, NOFOLLOW));
+}
+
 SC_EXPORT int rename(const char *oldpath, const char *newpath)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, oldpath) || under_dir(AT_FDCWD, newpath)), -1);
+	RETURN_IF_FAULT(two_path_fault(AT_FDCWD, oldpath, AT_FDCWD, newpath), -1);
 	return REAL(rename)(oldpath, newpath);
 }
 
 SC_EXPORT int renameat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(olddirfd, oldpath) || under_dir(newdirfd, newpath)), -1);
+	RETURN_IF_FAULT(two_path_fault(olddirfd, oldpath, newdirfd, newpath), -1);
 	return REAL(renameat)(olddirfd, oldpath, newdirfd, newpath);
 }
 
 SC_EXPORT int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(olddirfd, oldpath) || under_dir(newdirfd, newpath)), -1);
+	RETURN_IF_FAULT(two_path_fault(olddirfd, oldpath, newdirfd, newpath), -1);
 	return REAL(renameat2)(olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
 SC_EXPORT int link(const char *oldpath, const char *newpath)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, oldpath) || under_dir(AT_FDCWD, newpath)), -1);
+	RETURN_IF_FAULT(two_path_fault(AT_FDCWD, oldpath, AT_FDCWD, newpath), -1);
 	return REAL(link)(oldpath, newpath);
 }
 
 SC_EXPORT int linkat(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, int flags)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(cfg.fault != SC_NONE && (link_source_under_dir(olddirfd, oldpath, flags) ||
-								   under_dir(newdirfd, newpath))), -1);
+	int in_dir = link_source_under_dir(olddirfd, oldpath, flags) || under_dir(newdirfd, newpath, NOFOLLOW);
+	RETURN_IF_FAULT(namespace_fault(in_dir), -1);
 	return REAL(linkat)(olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
 SC_EXPORT int mkdir(const char *path, mode_t mode)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, path)), -1);
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, path, NOFOLLOW)), -1);
 	return REAL(mkdir)(path, mode);
 }
 
 SC_EXPORT int mkdirat(int dirfd, const char *path, mode_t mode)
 {
 	ensure_init();
-	RETURN_IF_FAULT(namespace_fault(under_dir(dirfd, path)), -1);
+	RETURN_IF_FAULT(namespace_fault(under_dir(dirfd, path, NOFOLLOW)), -1);
 	return REAL(mkdirat)(dirfd, path, mode);
 }
 
@@ -793,7 +814,7 @@ static int mode_flags(const char *mode)
 static FILE *fopen_common(const char *path, const char *mode, FILE *(*real)(const char *, const char *))
 {
 	ensure_init();
-	if (!under_dir(AT_FDCWD, path))
+	if (!under_dir(AT_FDCWD, path, FOLLOW))
 		return real(path, mode);
 	int flags = mode_flags(mode);
 	if (flags < 0) {

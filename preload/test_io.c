@@ -109,6 +109,19 @@ static void eio(const char *ckpt, const char *other)
 	dirfd = open(ckpt, O_RDONLY | O_DIRECTORY);
 	EXPECT(dirfd >= 0, "the directory itself still opens (to list it, or as an openat base)");
 	close(dirfd);
+	/* Symlinks from elsewhere: to a checkpoint file (followed unless O_NOFOLLOW), to the directory. */
+	EXPECT(symlink(join(ckpt, "a.pt"), join(other, "to-file")) == 0, "symlink");
+	EXPECT(symlink(ckpt, join(other, "to-dir")) == 0, "symlink");
+	errno = 0;
+	EXPECT(open(join(other, "to-file"), O_RDONLY) == -1 && errno == EIO, "open through a symlink: EIO");
+	errno = 0;
+	EXPECT(open(join(other, "to-file"), O_RDONLY | O_NOFOLLOW) == -1 && errno == ELOOP, "O_NOFOLLOW: ELOOP");
+	errno = 0;
+	EXPECT(open(join(other, "to-dir/new.pt"), O_WRONLY | O_CREAT, 0644) == -1 && errno == EIO,
+	       "open under a symlinked directory: EIO");
+	errno = 0;
+	EXPECT(open(join(other, "to-dir"), O_TMPFILE | O_RDWR, 0600) == -1 && errno == EIO,
+	       "O_TMPFILE through a symlink to the directory: EIO");
 	char cwd[4096];
 	EXPECT(getcwd(cwd, sizeof(cwd)) != NULL, "getcwd");
 	EXPECT(chdir(ckpt) == 0, "chdir");
