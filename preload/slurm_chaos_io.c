@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -44,7 +46,11 @@ void closefrom(int lowfd);
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
+/* test_io_san links the shim in with -DSC_EXPORT= (hidden): its own calls take the wrappers, the
+ * sanitizer runtime's go straight to libc. */
+#ifndef SC_EXPORT
 #define SC_EXPORT __attribute__((visibility("default")))
+#endif
 
 enum sc_fault { SC_NONE, SC_ENOSPC, SC_EIO, SC_HANG };
 
@@ -76,10 +82,30 @@ DECLARE_REAL(ssize_t, pwrite, int, const void *, size_t, off_t);
 DECLARE_REAL(ssize_t, pwrite64, int, const void *, size_t, off64_t);
 DECLARE_REAL(ssize_t, writev, int, const struct iovec *, int);
 DECLARE_REAL(ssize_t, pwritev, int, const struct iovec *, int, off_t);
+DECLARE_REAL(ssize_t, pwritev64, int, const struct iovec *, int, off64_t);
+DECLARE_REAL(ssize_t, pwritev2, int, const struct iovec *, int, off_t, int);
+DECLARE_REAL(ssize_t, pwritev64v2, int, const struct iovec *, int, off64_t, int);
+DECLARE_REAL(ssize_t, copy_file_range, int, off64_t *, int, off64_t *, size_t, unsigned int);
+DECLARE_REAL(ssize_t, sendfile, int, int, off_t *, size_t);
+DECLARE_REAL(ssize_t, sendfile64, int, int, off64_t *, size_t);
+DECLARE_REAL(int, ftruncate, int, off_t);
+DECLARE_REAL(int, ftruncate64, int, off64_t);
+DECLARE_REAL(int, truncate, const char *, off_t);
+DECLARE_REAL(int, truncate64, const char *, off64_t);
+DECLARE_REAL(int, fallocate, int, int, off_t, off_t);
+DECLARE_REAL(int, fallocate64, int, int, off64_t, off64_t);
+DECLARE_REAL(int, posix_fallocate, int, off_t, off_t);
+DECLARE_REAL(int, posix_fallocate64, int, off64_t, off64_t);
+DECLARE_REAL(void *, mmap, void *, size_t, int, int, int, off_t);
+DECLARE_REAL(void *, mmap64, void *, size_t, int, int, int, off64_t);
 DECLARE_REAL(ssize_t, read, int, void *, size_t);
 DECLARE_REAL(ssize_t, pread, int, void *, size_t, off_t);
 DECLARE_REAL(ssize_t, pread64, int, void *, size_t, off64_t);
 DECLARE_REAL(ssize_t, readv, int, const struct iovec *, int);
+DECLARE_REAL(ssize_t, preadv, int, const struct iovec *, int, off_t);
+DECLARE_REAL(ssize_t, preadv64, int, const struct iovec *, int, off64_t);
+DECLARE_REAL(ssize_t, preadv2, int, const struct iovec *, int, off_t, int);
+DECLARE_REAL(ssize_t, preadv64v2, int, const struct iovec *, int, off64_t, int);
 DECLARE_REAL(int, fsync, int);
 DECLARE_REAL(int, fdatasync, int);
 DECLARE_REAL(int, close, int);
@@ -107,7 +133,12 @@ static void resolve_all(void)
 {
 	RESOLVE(open); RESOLVE(open64); RESOLVE(openat); RESOLVE(openat64);
 	RESOLVE(write); RESOLVE(pwrite); RESOLVE(pwrite64); RESOLVE(writev); RESOLVE(pwritev);
+	RESOLVE(pwritev64); RESOLVE(pwritev2); RESOLVE(pwritev64v2); RESOLVE(copy_file_range);
+	RESOLVE(sendfile); RESOLVE(sendfile64); RESOLVE(ftruncate); RESOLVE(ftruncate64); RESOLVE(truncate);
+	RESOLVE(truncate64); RESOLVE(fallocate); RESOLVE(fallocate64); RESOLVE(posix_fallocate);
+	RESOLVE(posix_fallocate64); RESOLVE(mmap); RESOLVE(mmap64);
 	RESOLVE(read); RESOLVE(pread); RESOLVE(pread64); RESOLVE(readv);
+	RESOLVE(preadv); RESOLVE(preadv64); RESOLVE(preadv2); RESOLVE(preadv64v2);
 	RESOLVE(fsync); RESOLVE(fdatasync); RESOLVE(close); RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3);
 	RESOLVE(fcntl); RESOLVE(fcntl64); RESOLVE(close_range); RESOLVE(closefrom);
 	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(link); RESOLVE(linkat); RESOLVE(mkdir); RESOLVE(mkdirat);
@@ -423,6 +454,16 @@ SC_EXPORT int creat64(const char *path, mode_t mode)
 	return open64(path, O_CREAT | O_WRONLY | O_TRUNC, mode);
 }
 
+/* Fails the call with the fault's errno, if `e` is one. */
+#define RETURN_IF_FAULT(e, failed)                                                           \
+	do {                                                                                 \
+		int e_ = (e);                                                                \
+		if (e_) {                                                                    \
+			errno = e_;                                                          \
+			return failed;                                                       \
+		}                                                                            \
+	} while (0)
+
 /* Writes: count the bytes, cut the one that crosses the threshold short, then fail or hang. */
 #define WRITE_BODY(fd, n, call_with_len)                                                     \
 	do {                                                                                 \
@@ -468,40 +509,19 @@ SC_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off)
 #undef CALL
 }
 
-/* Vectored writes are not cut at the threshold: they fail or go through whole. */
-static int vector_fault(int fd)
+/* Bytes written to a tracked file count toward the threshold. */
+static void count_written(int fd, ssize_t r)
+{
+	if (r > 0 && is_tracked(fd))
+		atomic_fetch_add(&bytes_written, (unsigned long long)r);
+}
+
+/* Vectored writes, syncs, resizes: no length to cut at the threshold, so they fail or go through whole. */
+static int write_fault(int fd)
 {
 	if (!is_tracked(fd) || !active())
 		return 0;
 	return inject(0);
-}
-
-SC_EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
-{
-	ensure_init();
-	int e = vector_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	ssize_t r = REAL(writev)(fd, iov, cnt);
-	if (r > 0 && is_tracked(fd))
-		atomic_fetch_add(&bytes_written, (unsigned long long)r);
-	return r;
-}
-
-SC_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
-{
-	ensure_init();
-	int e = vector_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	ssize_t r = REAL(pwritev)(fd, iov, cnt, off);
-	if (r > 0 && is_tracked(fd))
-		atomic_fetch_add(&bytes_written, (unsigned long long)r);
-	return r;
 }
 
 /* Reads fail (eio) or hang (hang) once active; ENOSPC leaves them alone. */
@@ -512,70 +532,193 @@ static int read_fault(int fd)
 	return inject(1);
 }
 
-SC_EXPORT ssize_t read(int fd, void *buf, size_t n)
+#define VECTOR_WRITE(fd, call)                                                               \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		RETURN_IF_FAULT(write_fault(fd), -1);                                        \
+		ssize_t r = call;                                                            \
+		count_written(fd, r);                                                        \
+		return r;                                                                    \
+	} while (0)
+
+SC_EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt)
 {
-	ensure_init();
-	int e = read_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(read)(fd, buf, n);
+	VECTOR_WRITE(fd, REAL(writev)(fd, iov, cnt));
 }
 
-SC_EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
+SC_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off)
 {
-	ensure_init();
-	int e = read_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(pread)(fd, buf, n, off);
+	VECTOR_WRITE(fd, REAL(pwritev)(fd, iov, cnt, off));
 }
 
-SC_EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off)
+SC_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off64_t off)
 {
-	ensure_init();
-	int e = read_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(pread64)(fd, buf, n, off);
+	VECTOR_WRITE(fd, REAL(pwritev64)(fd, iov, cnt, off));
 }
 
-SC_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+SC_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int flags)
+{
+	VECTOR_WRITE(fd, REAL(pwritev2)(fd, iov, cnt, off, flags));
+}
+
+SC_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags)
+{
+	VECTOR_WRITE(fd, REAL(pwritev64v2)(fd, iov, cnt, off, flags));
+}
+
+/* In-kernel copies: a read of `in`, a write of `out` counted and cut at the threshold like write(). */
+SC_EXPORT ssize_t copy_file_range(int in, off64_t *in_off, int out, off64_t *out_off, size_t n, unsigned int flags)
 {
 	ensure_init();
-	int e = read_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(readv)(fd, iov, cnt);
+	RETURN_IF_FAULT(read_fault(in), -1);
+#define CALL(len) REAL(copy_file_range)(in, in_off, out, out_off, len, flags)
+	WRITE_BODY(out, n, CALL);
+#undef CALL
 }
+
+SC_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	ensure_init();
+	RETURN_IF_FAULT(read_fault(in), -1);
+#define CALL(len) REAL(sendfile)(out, in, off, len)
+	WRITE_BODY(out, n, CALL);
+#undef CALL
+}
+
+SC_EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n)
+{
+	ensure_init();
+	RETURN_IF_FAULT(read_fault(in), -1);
+#define CALL(len) REAL(sendfile64)(out, in, off, len)
+	WRITE_BODY(out, n, CALL);
+#undef CALL
+}
+
+#define FD_WRITE(fd, call)                                                                   \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		RETURN_IF_FAULT(write_fault(fd), -1);                                        \
+		return call;                                                                 \
+	} while (0)
 
 SC_EXPORT int fsync(int fd)
 {
-	ensure_init();
-	int e = vector_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(fsync)(fd);
+	FD_WRITE(fd, REAL(fsync)(fd));
 }
 
 SC_EXPORT int fdatasync(int fd)
 {
+	FD_WRITE(fd, REAL(fdatasync)(fd));
+}
+
+SC_EXPORT int ftruncate(int fd, off_t len)
+{
+	FD_WRITE(fd, REAL(ftruncate)(fd, len));
+}
+
+SC_EXPORT int ftruncate64(int fd, off64_t len)
+{
+	FD_WRITE(fd, REAL(ftruncate64)(fd, len));
+}
+
+SC_EXPORT int fallocate(int fd, int mode, off_t off, off_t len)
+{
+	FD_WRITE(fd, REAL(fallocate)(fd, mode, off, len));
+}
+
+SC_EXPORT int fallocate64(int fd, int mode, off64_t off, off64_t len)
+{
+	FD_WRITE(fd, REAL(fallocate64)(fd, mode, off, len));
+}
+
+/* posix_fallocate returns its error and leaves errno alone. */
+SC_EXPORT int posix_fallocate(int fd, off_t off, off_t len)
+{
 	ensure_init();
-	int e = vector_fault(fd);
-	if (e) {
-		errno = e;
-		return -1;
-	}
-	return REAL(fdatasync)(fd);
+	int e = write_fault(fd);
+	return e ? e : REAL(posix_fallocate)(fd, off, len);
+}
+
+SC_EXPORT int posix_fallocate64(int fd, off64_t off, off64_t len)
+{
+	ensure_init();
+	int e = write_fault(fd);
+	return e ? e : REAL(posix_fallocate64)(fd, off, len);
+}
+
+/*
+ * A shared writable mapping writes the file behind every wrapper: once the fault is active it is
+ * refused with the fault's errno (hang: held, then made). Stores through a mapping made before are
+ * neither counted nor stopped. A mapping of a checkpoint file to read fails or hangs like read().
+ */
+static int map_fault(int fd, int prot, int flags)
+{
+	if (fd < 0 || (flags & MAP_ANONYMOUS) || !is_tracked(fd))
+		return 0;
+	if ((prot & PROT_WRITE) && (flags & MAP_SHARED)) /* MAP_SHARED_VALIDATE has the bit too */
+		return write_fault(fd);
+	return read_fault(fd);
+}
+
+SC_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	ensure_init();
+	RETURN_IF_FAULT(map_fault(fd, prot, flags), MAP_FAILED);
+	return REAL(mmap)(addr, len, prot, flags, fd, off);
+}
+
+SC_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
+{
+	ensure_init();
+	RETURN_IF_FAULT(map_fault(fd, prot, flags), MAP_FAILED);
+	return REAL(mmap64)(addr, len, prot, flags, fd, off);
+}
+
+#define FD_READ(fd, call)                                                                    \
+	do {                                                                                 \
+		ensure_init();                                                               \
+		RETURN_IF_FAULT(read_fault(fd), -1);                                         \
+		return call;                                                                 \
+	} while (0)
+
+SC_EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+	FD_READ(fd, REAL(read)(fd, buf, n));
+}
+
+SC_EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+	FD_READ(fd, REAL(pread)(fd, buf, n, off));
+}
+
+SC_EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off)
+{
+	FD_READ(fd, REAL(pread64)(fd, buf, n, off));
+}
+
+SC_EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt)
+{
+	FD_READ(fd, REAL(readv)(fd, iov, cnt));
+}
+
+SC_EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off)
+{
+	FD_READ(fd, REAL(preadv)(fd, iov, cnt, off));
+}
+
+SC_EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off64_t off)
+{
+	FD_READ(fd, REAL(preadv64)(fd, iov, cnt, off));
+}
+
+SC_EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int flags)
+{
+	FD_READ(fd, REAL(preadv2)(fd, iov, cnt, off, flags));
+}
+
+SC_EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags)
+{
+	FD_READ(fd, REAL(preadv64v2)(fd, iov, cnt, off, flags));
 }
 
 SC_EXPORT int close(int fd)
@@ -657,15 +800,6 @@ SC_EXPORT int fcntl64(int fd, int cmd, ...)
 	FCNTL_BODY(REAL(fcntl64), fd, cmd);
 }
 
-/* Fails the call with the fault's errno, if `e` is one. */
-#define RETURN_IF_FAULT(e, failed)                                                           \
-	do {                                                                                 \
-		int e_ = (e);                                                                \
-		if (e_) {                                                                    \
-			errno = e_;                                                          \
-			return failed;                                                       \
-		}                                                                            \
-	} while (0)
 
 /* Is the file open on `fd` in the directory: tracked, or (opened before the shim saw it) named there? */
 static int fd_under_dir(int fd)
@@ -742,6 +876,21 @@ SC_EXPORT int linkat(int olddirfd, const char *oldpath, int newdirfd, const char
 	int in_dir = link_source_under_dir(olddirfd, oldpath, flags) || under_dir(newdirfd, newpath, NOFOLLOW);
 	RETURN_IF_FAULT(namespace_fault(in_dir), -1);
 	return REAL(linkat)(olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+/* truncate(2) follows a final symlink, as open does. */
+SC_EXPORT int truncate(const char *path, off_t len)
+{
+	ensure_init();
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, path, FOLLOW)), -1);
+	return REAL(truncate)(path, len);
+}
+
+SC_EXPORT int truncate64(const char *path, off64_t len)
+{
+	ensure_init();
+	RETURN_IF_FAULT(namespace_fault(under_dir(AT_FDCWD, path, FOLLOW)), -1);
+	return REAL(truncate64)(path, len);
 }
 
 SC_EXPORT int mkdir(const char *path, mode_t mode)

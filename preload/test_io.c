@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -385,6 +387,105 @@ static void tmpfile_and_links(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+static long try_map(int fd, int prot, int flags)
+{
+	void *map = mmap(NULL, 4096, prot, flags, fd, 0);
+	if (map == MAP_FAILED)
+		return -1;
+	munmap(map, 4096);
+	return 0;
+}
+
+/* Every other call that writes to an open file: cut at the threshold (copies), then failed. */
+static void write_calls(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=enospc, AFTER_BYTES=100 */
+	int fd = open(join(ckpt, "m.pt"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	int src = open(join(other, "src"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	int ofd = open(join(other, "dst"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	EXPECT(fd >= 0 && src >= 0 && ofd >= 0 && write(src, buf, sizeof(buf)) == (ssize_t)sizeof(buf), "setup");
+	loff_t off = 0;
+	EXPECT(copy_file_range(src, &off, fd, NULL, 300, 0) == 100, "copy_file_range crossing 100 bytes is cut short");
+	int fds[] = {fd, ofd};
+	for (int k = 0; k < 2; k++) {
+		int f = fds[k];
+		const char *where = k ? "elsewhere" : "checkpoint";
+		int want = k ? 0 : ENOSPC;
+		struct iovec iov = {buf, 10};
+#define CHECK(call, what)                                                                                  \
+	do {                                                                                               \
+		errno = 0;                                                                                 \
+		long r_ = (long)(call);                                                                    \
+		EXPECT(want ? r_ == -1 && errno == want : r_ >= 0, "%s %s: %s", what, where,                \
+		       want ? "ENOSPC" : "works");                                                         \
+	} while (0)
+		CHECK(ftruncate(f, 10), "ftruncate");
+		CHECK(ftruncate64(f, 10), "ftruncate64");
+		CHECK(truncate(join(k ? other : ckpt, k ? "dst" : "m.pt"), 20), "truncate");
+		CHECK(fallocate(f, 0, 0, 4096), "fallocate");
+		CHECK(fallocate64(f, 0, 0, 4096), "fallocate64");
+		CHECK(pwritev2(f, &iov, 1, 0, 0), "pwritev2");
+		CHECK(pwritev2(f, &iov, 1, -1, 0), "pwritev2 at the file offset");
+		CHECK(pwritev64v2(f, &iov, 1, 0, 0), "pwritev64v2");
+		CHECK(pwritev64(f, &iov, 1, 0), "pwritev64");
+		CHECK(pwrite64(f, buf, 10, 0), "pwrite64");
+		CHECK(fdatasync(f), "fdatasync");
+		off = 0;
+		CHECK(copy_file_range(src, &off, f, NULL, 10, 0), "copy_file_range");
+		off = 0;
+		CHECK(sendfile(f, src, &off, 10), "sendfile");
+		CHECK(sendfile64(f, src, NULL, 10), "sendfile64");
+		CHECK(try_map(f, PROT_READ | PROT_WRITE, MAP_SHARED), "mmap PROT_WRITE MAP_SHARED");
+		CHECK(try_map(f, PROT_WRITE, MAP_SHARED_VALIDATE), "mmap PROT_WRITE MAP_SHARED_VALIDATE");
+		errno = 0;
+		void *map = mmap64(NULL, 4096, PROT_WRITE, MAP_SHARED, f, 0);
+		EXPECT(want ? map == MAP_FAILED && errno == want : map != MAP_FAILED, "mmap64 %s", where);
+		if (map != MAP_FAILED)
+			munmap(map, 4096);
+		errno = 0;
+		int e = posix_fallocate(f, 0, 8192);
+		EXPECT(e == want && errno == 0, "posix_fallocate %s returns %s, errno untouched (%d)", where,
+		       want ? "ENOSPC" : "0", e);
+		e = posix_fallocate64(f, 0, 8192);
+		EXPECT(e == want, "posix_fallocate64 %s returns %s (%d)", where, want ? "ENOSPC" : "0", e);
+		/* Reads stay: enospc fails writes only; a private mapping writes nothing back. */
+		EXPECT(try_map(f, PROT_READ, MAP_SHARED) == 0, "mmap PROT_READ MAP_SHARED %s", where);
+		EXPECT(try_map(f, PROT_READ | PROT_WRITE, MAP_PRIVATE) == 0, "mmap MAP_PRIVATE %s", where);
+		off = 0;
+		EXPECT(sendfile(ofd, f, &off, 5) >= 0, "sendfile from %s (a read)", where);
+#undef CHECK
+	}
+	close(src);
+	close(ofd);
+	close(fd);
+	other_dir_untouched(other);
+}
+
+/* The same calls reading from a checkpoint file: eio fails them. */
+static void read_calls(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=eio, AFTER_BYTES=10 */
+	int fd = open(join(ckpt, "a.pt"), O_RDWR);
+	int ofd = open(join(other, "dst"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	EXPECT(fd >= 0 && ofd >= 0 && write(fd, buf, 10) == 10, "10 bytes: the fault starts");
+	struct iovec iov = {buf, 10};
+	off_t off = 0;
+	errno = 0;
+	EXPECT(sendfile(ofd, fd, &off, 5) == -1 && errno == EIO, "sendfile from a checkpoint: EIO");
+	errno = 0;
+	EXPECT(copy_file_range(fd, NULL, ofd, NULL, 5, 0) == -1 && errno == EIO, "copy_file_range from: EIO");
+	errno = 0;
+	EXPECT(mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd, 0) == MAP_FAILED && errno == EIO, "mmap to read: EIO");
+	errno = 0;
+	EXPECT(preadv(fd, &iov, 1, 0) == -1 && errno == EIO, "preadv: EIO");
+	errno = 0;
+	EXPECT(preadv2(fd, &iov, 1, 0, 0) == -1 && errno == EIO, "preadv2: EIO");
+	EXPECT(pwrite(ofd, buf, 10, 0) == 10 && sendfile(ofd, ofd, &off, 0) >= 0, "elsewhere works");
+	close(ofd);
+	close(fd);
+	other_dir_untouched(other);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -413,6 +514,10 @@ int main(int argc, char **argv)
 		dup_fds(argv[2], argv[3]);
 	else if (!strcmp(s, "tmpfile"))
 		tmpfile_and_links(argv[2], argv[3]);
+	else if (!strcmp(s, "write_calls"))
+		write_calls(argv[2], argv[3]);
+	else if (!strcmp(s, "read_calls"))
+		read_calls(argv[2], argv[3]);
 	else if (!strcmp(s, "high_fds"))
 		high_fds(argv[2], argv[3]);
 	else
