@@ -30,6 +30,8 @@ run dup_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 run tmpfile SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run write_calls SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run read_calls SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=10
+run errno_kept SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000000
+run errno_hang SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=10 SLURM_CHAOS_IO_HOLD_S=1
 run high_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 # A symlinked checkpoint path is recognised by where it leads.
 for bin in "env LD_PRELOAD=$LIB $B/test_io" "$B/test_io_san"; do

@@ -190,7 +190,9 @@ static void sc_init(void)
 
 static inline void ensure_init(void)
 {
+	int saved = errno; /* realpath() and getcwd() set it on their way */
 	pthread_once(&init_once, sc_init);
+	errno = saved;
 }
 
 static double elapsed_s(void)
@@ -284,8 +286,10 @@ static void announce(void)
 	char msg[PATH_MAX + 160];
 	int n = snprintf(msg, sizeof(msg), "slurm-chaos: checkpoint I/O fault '%s' now active under %s (pid %d)\n",
 			 names[cfg.fault], cfg.dir, (int)getpid());
+	int saved = errno; /* stderr may be closed: the call that goes ahead keeps its errno */
 	if (n > 0 && real_write)
 		(void)!real_write(2, msg, (size_t)(n < (int)sizeof(msg) ? n : (int)sizeof(msg) - 1));
+	errno = saved;
 }
 
 static int active(void)
@@ -298,6 +302,7 @@ static int active(void)
 
 static void hang(void)
 {
+	int saved = errno; /* a signal's EINTR inside the hold is not the held call's */
 	double left = cfg.hold_s;
 	for (;;) {
 		double step = (cfg.hold_s <= 0 || left > 1.0) ? 1.0 : left;
@@ -305,8 +310,9 @@ static void hang(void)
 		while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
 			;
 		if (cfg.hold_s > 0 && (left -= step) <= 0)
-			return;
+			break;
 	}
+	errno = saved;
 }
 
 /* The fault's effect on one call: an errno to fail with, or 0 to go ahead (after a hang). */

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -486,6 +487,81 @@ static void read_calls(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+#define SENTINEL 4242 /* no errno libc sets: a call that succeeds must leave it as it was */
+#define KEEPS_ERRNO(call, what)                                                                    \
+	do {                                                                                       \
+		errno = SENTINEL;                                                                  \
+		long r_ = (long)(call);                                                            \
+		EXPECT(r_ >= 0 && errno == SENTINEL, "%s succeeds and keeps errno (got %ld, errno %d)", \
+		       what, r_, errno);                                                           \
+	} while (0)
+
+/* The wrappers' own lookups (realpath, readlink, fstat) must not show through on success. */
+static void errno_kept(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=enospc, AFTER_BYTES=1000000: configured, not yet active */
+	int fd, ofd, dirfd;
+	KEEPS_ERRNO(fd = open(join(ckpt, "e.pt"), O_WRONLY | O_CREAT | O_TRUNC, 0644), "open in the directory");
+	KEEPS_ERRNO(ofd = open(join(other, "new.txt"), O_RDWR | O_CREAT | O_TRUNC, 0644), "open elsewhere");
+	KEEPS_ERRNO(dirfd = open(other, O_RDONLY | O_DIRECTORY), "open a directory");
+	KEEPS_ERRNO(close(openat(dirfd, "rel.txt", O_WRONLY | O_CREAT, 0644)), "openat elsewhere");
+	KEEPS_ERRNO(write(fd, buf, 10), "write");
+	KEEPS_ERRNO(pwrite(fd, buf, 10, 0), "pwrite");
+	struct iovec iov = {buf, 10};
+	KEEPS_ERRNO(writev(fd, &iov, 1), "writev");
+	KEEPS_ERRNO(fsync(fd), "fsync");
+	KEEPS_ERRNO(ftruncate(fd, 5), "ftruncate");
+	KEEPS_ERRNO(write(ofd, buf, 10), "write elsewhere");
+	KEEPS_ERRNO(mmap(NULL, 10, PROT_READ, MAP_SHARED, ofd, 0) == MAP_FAILED ? -1 : 0, "mmap elsewhere");
+	int d;
+	KEEPS_ERRNO(d = dup(fd), "dup");
+	KEEPS_ERRNO(close(d), "close a dup");
+	KEEPS_ERRNO(d = fcntl(fd, F_DUPFD_CLOEXEC, 0), "fcntl F_DUPFD_CLOEXEC");
+	KEEPS_ERRNO(close(d), "close");
+	KEEPS_ERRNO(rename(join(other, "new.txt"), join(other, "renamed.txt")), "rename elsewhere");
+	KEEPS_ERRNO(rename(join(ckpt, "e.pt"), join(ckpt, "f.pt")), "rename in the directory");
+	KEEPS_ERRNO(link(join(other, "renamed.txt"), join(other, "linked.txt")), "link elsewhere");
+	KEEPS_ERRNO(mkdir(join(other, "sub"), 0755), "mkdir elsewhere");
+	KEEPS_ERRNO(mkdir(join(ckpt, "sub"), 0755), "mkdir in the directory");
+	FILE *f;
+	KEEPS_ERRNO((f = fopen(join(other, "s.txt"), "w")) ? 0 : -1, "fopen elsewhere");
+	if (f)
+		fclose(f);
+	KEEPS_ERRNO((f = fopen(join(ckpt, "s.pt"), "w")) ? 0 : -1, "fopen in the directory");
+	if (f)
+		fclose(f);
+	KEEPS_ERRNO(close(fd), "close");
+	KEEPS_ERRNO(close(ofd), "close elsewhere");
+	close(dirfd);
+	other_dir_untouched(other);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+}
+
+/* A held write that a signal interrupts, then proceeds: EINTR inside the hold is not the call's. */
+static void errno_hang(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=hang, AFTER_BYTES=10, HOLD_S=1 */
+	struct sigaction sa = {.sa_handler = on_alarm}; /* no SA_RESTART: nanosleep sees EINTR */
+	sigaction(SIGALRM, &sa, NULL);
+	int fd = open_ckpt(ckpt, "h.pt");
+	EXPECT(write(fd, buf, 10) == 10, "10 bytes: the fault starts");
+	int err = dup(2);
+	close(2); /* the shim's notice to stderr fails (EBADF) on the call that starts the hold */
+	ualarm(300 * 1000, 0);
+	errno = SENTINEL;
+	ssize_t r = write(fd, buf, 5);
+	int e = errno;
+	dup2(err, 2);
+	close(err);
+	EXPECT(r == 5 && e == SENTINEL, "a held write proceeds and keeps errno (got %zd, errno %d)", r, e);
+	close(fd);
+	other_dir_untouched(other);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -518,6 +594,10 @@ int main(int argc, char **argv)
 		write_calls(argv[2], argv[3]);
 	else if (!strcmp(s, "read_calls"))
 		read_calls(argv[2], argv[3]);
+	else if (!strcmp(s, "errno_kept"))
+		errno_kept(argv[2], argv[3]);
+	else if (!strcmp(s, "errno_hang"))
+		errno_hang(argv[2], argv[3]);
 	else if (!strcmp(s, "high_fds"))
 		high_fds(argv[2], argv[3]);
 	else
