@@ -32,6 +32,15 @@ run write_calls SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run read_calls SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=10
 run errno_kept SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000000
 run errno_hang SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=10 SLURM_CHAOS_IO_HOLD_S=1
+run threads SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000
+run preinit SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000
+# Re-entry while the shim initialises: a deadlock would hang, hence the short timeout.
+fresh
+env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000 SLURM_CHAOS_CKPT_DIR="$T/ckpt" \
+	LD_PRELOAD="$(cd "$B" && pwd)/reenter.so $LIB" timeout 10 "$B/test_io" reenter "$T/ckpt" "$T/other"
+fresh
+env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000 SLURM_CHAOS_CKPT_DIR="$T/ckpt" \
+	timeout 10 "$B/test_io_reenter_san" reenter "$T/ckpt" "$T/other"
 run high_fds SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=10
 # A symlinked checkpoint path is recognised by where it leads.
 for bin in "env LD_PRELOAD=$LIB $B/test_io" "$B/test_io_san"; do

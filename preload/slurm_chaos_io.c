@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -54,7 +55,7 @@ void closefrom(int lowfd);
 
 enum sc_fault { SC_NONE, SC_ENOSPC, SC_EIO, SC_HANG };
 
-static struct {
+struct sc_config {
 	enum sc_fault fault;
 	char dir[PATH_MAX];
 	size_t dir_len;
@@ -64,70 +65,164 @@ static struct {
 	double after_s;
 	double hold_s;
 	struct timespec t0;
-} cfg;
+};
 
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+/* All zero (SC_NONE: every call passes through) until the initialisation publishes it whole. */
+static struct sc_config cfg;
 static _Atomic unsigned long long bytes_written;
 static atomic_int announced;
 
-/* The next definition of each function we wrap (libc's). */
+/*
+ * The next definition of each function we wrap (libc's), found with dlsym(RTLD_NEXT). Until then,
+ * and wherever dlsym finds none (close_range before glibc 2.34), each pointer holds a stand-in
+ * that makes the system call itself: a call that re-enters the shim while it initialises (from
+ * dlsym, a preloaded allocator or getenv) or comes before libc is set up still works.
+ */
+_Static_assert(sizeof(long) == 8 && sizeof(off_t) == 8, "64-bit Linux: an offset is one syscall argument");
 #define REAL(name) real_##name
-#define DECLARE_REAL(ret, name, ...) static ret (*real_##name)(__VA_ARGS__)
-DECLARE_REAL(int, open, const char *, int, ...);
-DECLARE_REAL(int, open64, const char *, int, ...);
-DECLARE_REAL(int, openat, int, const char *, int, ...);
-DECLARE_REAL(int, openat64, int, const char *, int, ...);
-DECLARE_REAL(ssize_t, write, int, const void *, size_t);
-DECLARE_REAL(ssize_t, pwrite, int, const void *, size_t, off_t);
-DECLARE_REAL(ssize_t, pwrite64, int, const void *, size_t, off64_t);
-DECLARE_REAL(ssize_t, writev, int, const struct iovec *, int);
-DECLARE_REAL(ssize_t, pwritev, int, const struct iovec *, int, off_t);
-DECLARE_REAL(ssize_t, pwritev64, int, const struct iovec *, int, off64_t);
-DECLARE_REAL(ssize_t, pwritev2, int, const struct iovec *, int, off_t, int);
-DECLARE_REAL(ssize_t, pwritev64v2, int, const struct iovec *, int, off64_t, int);
-DECLARE_REAL(ssize_t, copy_file_range, int, off64_t *, int, off64_t *, size_t, unsigned int);
-DECLARE_REAL(ssize_t, sendfile, int, int, off_t *, size_t);
-DECLARE_REAL(ssize_t, sendfile64, int, int, off64_t *, size_t);
-DECLARE_REAL(int, ftruncate, int, off_t);
-DECLARE_REAL(int, ftruncate64, int, off64_t);
-DECLARE_REAL(int, truncate, const char *, off_t);
-DECLARE_REAL(int, truncate64, const char *, off64_t);
-DECLARE_REAL(int, fallocate, int, int, off_t, off_t);
-DECLARE_REAL(int, fallocate64, int, int, off64_t, off64_t);
-DECLARE_REAL(int, posix_fallocate, int, off_t, off_t);
-DECLARE_REAL(int, posix_fallocate64, int, off64_t, off64_t);
-DECLARE_REAL(void *, mmap, void *, size_t, int, int, int, off_t);
-DECLARE_REAL(void *, mmap64, void *, size_t, int, int, int, off64_t);
-DECLARE_REAL(ssize_t, read, int, void *, size_t);
-DECLARE_REAL(ssize_t, pread, int, void *, size_t, off_t);
-DECLARE_REAL(ssize_t, pread64, int, void *, size_t, off64_t);
-DECLARE_REAL(ssize_t, readv, int, const struct iovec *, int);
-DECLARE_REAL(ssize_t, preadv, int, const struct iovec *, int, off_t);
-DECLARE_REAL(ssize_t, preadv64, int, const struct iovec *, int, off64_t);
-DECLARE_REAL(ssize_t, preadv2, int, const struct iovec *, int, off_t, int);
-DECLARE_REAL(ssize_t, preadv64v2, int, const struct iovec *, int, off64_t, int);
-DECLARE_REAL(int, fsync, int);
-DECLARE_REAL(int, fdatasync, int);
-DECLARE_REAL(int, close, int);
-DECLARE_REAL(int, dup, int);
-DECLARE_REAL(int, dup2, int, int);
-DECLARE_REAL(int, dup3, int, int, int);
-DECLARE_REAL(int, fcntl, int, int, ...);
-DECLARE_REAL(int, fcntl64, int, int, ...);
-DECLARE_REAL(int, close_range, unsigned int, unsigned int, int);
-DECLARE_REAL(void, closefrom, int);
-DECLARE_REAL(int, rename, const char *, const char *);
-DECLARE_REAL(int, renameat, int, const char *, int, const char *);
-DECLARE_REAL(int, renameat2, int, const char *, int, const char *, unsigned int);
-DECLARE_REAL(int, link, const char *, const char *);
-DECLARE_REAL(int, linkat, int, const char *, int, const char *, int);
-DECLARE_REAL(int, mkdir, const char *, mode_t);
-DECLARE_REAL(int, mkdirat, int, const char *, mode_t);
-DECLARE_REAL(FILE *, fopen, const char *, const char *);
-DECLARE_REAL(FILE *, fopen64, const char *, const char *);
-DECLARE_REAL(off64_t, lseek64, int, off64_t, int);
+#define DEFINE_REAL(ret, name, params, ...)                                                  \
+	static ret sys_##name params                                                         \
+	{                                                                                    \
+		return (ret)syscall(__VA_ARGS__);                                            \
+	}                                                                                    \
+	static __typeof__(sys_##name) *real_##name = sys_##name
 
-#define RESOLVE(name) (real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name))
+#define OPEN_MODE(flags, mode)                                                               \
+	do {                                                                                 \
+		va_list ap;                                                                  \
+		va_start(ap, flags);                                                         \
+		mode = (flags) & (O_CREAT | O_TMPFILE) ? (mode_t)va_arg(ap, int) : 0;        \
+		va_end(ap);                                                                  \
+	} while (0)
+
+static int sys_open(const char *path, int flags, ...)
+{
+	mode_t mode;
+	OPEN_MODE(flags, mode);
+	return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode);
+}
+
+static int sys_openat(int dirfd, const char *path, int flags, ...)
+{
+	mode_t mode;
+	OPEN_MODE(flags, mode);
+	return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+}
+
+static int sys_fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return (int)syscall(SYS_fcntl, fd, cmd, arg);
+}
+
+static int (*real_open)(const char *, int, ...) = sys_open;
+static int (*real_open64)(const char *, int, ...) = sys_open;
+static int (*real_openat)(int, const char *, int, ...) = sys_openat;
+static int (*real_openat64)(int, const char *, int, ...) = sys_openat;
+static int (*real_fcntl)(int, int, ...) = sys_fcntl;
+static int (*real_fcntl64)(int, int, ...) = sys_fcntl;
+DEFINE_REAL(ssize_t, write, (int fd, const void *b, size_t n), SYS_write, fd, b, n);
+DEFINE_REAL(ssize_t, pwrite, (int fd, const void *b, size_t n, off_t o), SYS_pwrite64, fd, b, n, o);
+DEFINE_REAL(ssize_t, pwrite64, (int fd, const void *b, size_t n, off64_t o), SYS_pwrite64, fd, b, n, o);
+DEFINE_REAL(ssize_t, writev, (int fd, const struct iovec *v, int c), SYS_writev, fd, v, c);
+/* pwritev/preadv take the offset as low and high words; the high one is ignored on 64-bit. */
+DEFINE_REAL(ssize_t, pwritev, (int fd, const struct iovec *v, int c, off_t o), SYS_pwritev, fd, v, c, o, 0);
+DEFINE_REAL(ssize_t, pwritev64, (int fd, const struct iovec *v, int c, off64_t o), SYS_pwritev, fd, v, c, o, 0);
+DEFINE_REAL(ssize_t, pwritev2, (int fd, const struct iovec *v, int c, off_t o, int f), SYS_pwritev2, fd, v, c, o, 0,
+	    f);
+DEFINE_REAL(ssize_t, pwritev64v2, (int fd, const struct iovec *v, int c, off64_t o, int f), SYS_pwritev2, fd, v, c,
+	    o, 0, f);
+DEFINE_REAL(ssize_t, copy_file_range, (int in, off64_t *io, int out, off64_t *oo, size_t n, unsigned int f),
+	    SYS_copy_file_range, in, io, out, oo, n, f);
+DEFINE_REAL(ssize_t, sendfile, (int out, int in, off_t *o, size_t n), SYS_sendfile, out, in, o, n);
+DEFINE_REAL(ssize_t, sendfile64, (int out, int in, off64_t *o, size_t n), SYS_sendfile, out, in, o, n);
+DEFINE_REAL(int, ftruncate, (int fd, off_t n), SYS_ftruncate, fd, n);
+DEFINE_REAL(int, ftruncate64, (int fd, off64_t n), SYS_ftruncate, fd, n);
+DEFINE_REAL(int, truncate, (const char *p, off_t n), SYS_truncate, p, n);
+DEFINE_REAL(int, truncate64, (const char *p, off64_t n), SYS_truncate, p, n);
+DEFINE_REAL(int, fallocate, (int fd, int m, off_t o, off_t n), SYS_fallocate, fd, m, o, n);
+DEFINE_REAL(int, fallocate64, (int fd, int m, off64_t o, off64_t n), SYS_fallocate, fd, m, o, n);
+DEFINE_REAL(void *, mmap, (void *a, size_t n, int p, int f, int fd, off_t o), SYS_mmap, a, n, p, f, fd, o);
+DEFINE_REAL(void *, mmap64, (void *a, size_t n, int p, int f, int fd, off64_t o), SYS_mmap, a, n, p, f, fd, o);
+DEFINE_REAL(ssize_t, read, (int fd, void *b, size_t n), SYS_read, fd, b, n);
+DEFINE_REAL(ssize_t, pread, (int fd, void *b, size_t n, off_t o), SYS_pread64, fd, b, n, o);
+DEFINE_REAL(ssize_t, pread64, (int fd, void *b, size_t n, off64_t o), SYS_pread64, fd, b, n, o);
+DEFINE_REAL(ssize_t, readv, (int fd, const struct iovec *v, int c), SYS_readv, fd, v, c);
+DEFINE_REAL(ssize_t, preadv, (int fd, const struct iovec *v, int c, off_t o), SYS_preadv, fd, v, c, o, 0);
+DEFINE_REAL(ssize_t, preadv64, (int fd, const struct iovec *v, int c, off64_t o), SYS_preadv, fd, v, c, o, 0);
+DEFINE_REAL(ssize_t, preadv2, (int fd, const struct iovec *v, int c, off_t o, int f), SYS_preadv2, fd, v, c, o, 0, f);
+DEFINE_REAL(ssize_t, preadv64v2, (int fd, const struct iovec *v, int c, off64_t o, int f), SYS_preadv2, fd, v, c, o,
+	    0, f);
+DEFINE_REAL(int, fsync, (int fd), SYS_fsync, fd);
+DEFINE_REAL(int, fdatasync, (int fd), SYS_fdatasync, fd);
+DEFINE_REAL(int, close, (int fd), SYS_close, fd);
+DEFINE_REAL(int, dup, (int fd), SYS_dup, fd);
+DEFINE_REAL(int, dup3, (int fd, int nfd, int f), SYS_dup3, fd, nfd, f);
+DEFINE_REAL(int, renameat2, (int od, const char *o, int nd, const char *n, unsigned int f), SYS_renameat2, od, o,
+	    nd, n, f);
+DEFINE_REAL(int, rename, (const char *o, const char *n), SYS_renameat2, AT_FDCWD, o, AT_FDCWD, n, 0);
+DEFINE_REAL(int, renameat, (int od, const char *o, int nd, const char *n), SYS_renameat2, od, o, nd, n, 0);
+DEFINE_REAL(int, linkat, (int od, const char *o, int nd, const char *n, int f), SYS_linkat, od, o, nd, n, f);
+DEFINE_REAL(int, link, (const char *o, const char *n), SYS_linkat, AT_FDCWD, o, AT_FDCWD, n, 0);
+DEFINE_REAL(int, mkdirat, (int d, const char *p, mode_t m), SYS_mkdirat, d, p, m);
+DEFINE_REAL(int, mkdir, (const char *p, mode_t m), SYS_mkdirat, AT_FDCWD, p, m);
+DEFINE_REAL(off64_t, lseek64, (int fd, off64_t o, int w), SYS_lseek, fd, o, w);
+#ifdef SYS_close_range
+DEFINE_REAL(int, close_range, (unsigned int lo, unsigned int hi, int f), SYS_close_range, lo, hi, f);
+#else
+DEFINE_REAL(int, close_range, (unsigned int lo, unsigned int hi, int f), -1L, lo, hi, f); /* ENOSYS */
+#endif
+
+static int sys_dup2(int fd, int nfd)
+{
+	if (fd == nfd) /* dup3 refuses this one; dup2 checks fd and returns it */
+		return sys_fcntl(fd, F_GETFD) < 0 ? -1 : fd;
+	return (int)syscall(SYS_dup3, fd, nfd, 0);
+}
+
+static void sys_closefrom(int lowfd)
+{
+	(void)real_close_range((unsigned int)lowfd, ~0U, 0);
+}
+
+/* posix_fallocate returns the error; errno stays as it was. */
+static int sys_posix_fallocate(int fd, off_t off, off_t len)
+{
+	int saved = errno;
+	int e = syscall(SYS_fallocate, fd, 0, off, len) ? errno : 0;
+	errno = saved;
+	return e;
+}
+
+static int mode_flags(const char *mode);
+
+static FILE *sys_fopen(const char *path, const char *mode)
+{
+	int flags = mode_flags(mode);
+	int fd = flags < 0 ? -1 : sys_open(path, flags, 0666);
+	FILE *f = fd < 0 ? NULL : fdopen(fd, mode);
+	if (!f && fd >= 0)
+		syscall(SYS_close, fd);
+	return f;
+}
+
+static int (*real_dup2)(int, int) = sys_dup2;
+static void (*real_closefrom)(int) = sys_closefrom;
+static int (*real_posix_fallocate)(int, off_t, off_t) = sys_posix_fallocate;
+static int (*real_posix_fallocate64)(int, off64_t, off64_t) = sys_posix_fallocate;
+static FILE *(*real_fopen)(const char *, const char *) = sys_fopen;
+static FILE *(*real_fopen64)(const char *, const char *) = sys_fopen;
+
+/* Keeps the stand-in where dlsym finds nothing. */
+#define RESOLVE(name)                                                                        \
+	do {                                                                                 \
+		void *p = dlsym(RTLD_NEXT, #name);                                           \
+		if (p)                                                                       \
+			real_##name = (__typeof__(real_##name))p;                            \
+	} while (0)
 
 static void resolve_all(void)
 {
@@ -141,57 +236,84 @@ static void resolve_all(void)
 	RESOLVE(preadv); RESOLVE(preadv64); RESOLVE(preadv2); RESOLVE(preadv64v2);
 	RESOLVE(fsync); RESOLVE(fdatasync); RESOLVE(close); RESOLVE(dup); RESOLVE(dup2); RESOLVE(dup3);
 	RESOLVE(fcntl); RESOLVE(fcntl64); RESOLVE(close_range); RESOLVE(closefrom);
-	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(link); RESOLVE(linkat); RESOLVE(mkdir); RESOLVE(mkdirat);
-	RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
+	RESOLVE(rename); RESOLVE(renameat); RESOLVE(renameat2); RESOLVE(link); RESOLVE(linkat);
+	RESOLVE(mkdir); RESOLVE(mkdirat); RESOLVE(fopen); RESOLVE(fopen64); RESOLVE(lseek64);
 }
 
-static void sc_init(void)
+/* The configuration from the environment; c->fault stays SC_NONE when it is absent or unusable. */
+static void read_config(struct sc_config *c)
 {
-	resolve_all();
-	clock_gettime(CLOCK_MONOTONIC, &cfg.t0);
+	clock_gettime(CLOCK_MONOTONIC, &c->t0);
 	const char *fault = getenv("SLURM_CHAOS_IO_FAULT");
 	const char *dir = getenv("SLURM_CHAOS_IO_PATH");
 	if (!dir || !*dir)
 		dir = getenv("SLURM_CHAOS_CKPT_DIR");
 	if (!fault || !dir || !*dir)
 		return;
-	if (!strcmp(fault, "enospc"))
-		cfg.fault = SC_ENOSPC;
-	else if (!strcmp(fault, "eio"))
-		cfg.fault = SC_EIO;
-	else if (!strcmp(fault, "hang"))
-		cfg.fault = SC_HANG;
-	else
-		return;
+	enum sc_fault f = !strcmp(fault, "enospc") ? SC_ENOSPC
+			  : !strcmp(fault, "eio")  ? SC_EIO
+			  : !strcmp(fault, "hang") ? SC_HANG
+						   : SC_NONE;
 	char cwd[PATH_MAX];
-	if (dir[0] != '/' && !getcwd(cwd, sizeof(cwd))) {
-		cfg.fault = SC_NONE;
+	if (f == SC_NONE || (dir[0] != '/' && !getcwd(cwd, sizeof(cwd))))
 		return;
-	}
-	long len = sc_path_resolve(cwd, dir, cfg.dir, sizeof(cfg.dir));
-	if (len < 0) {
-		cfg.fault = SC_NONE; /* no real directory has such a path */
-		return;
-	}
-	cfg.dir_len = (size_t)len;
+	long len = sc_path_resolve(cwd, dir, c->dir, sizeof(c->dir));
+	if (len < 0)
+		return; /* no real directory has such a path */
+	c->dir_len = (size_t)len;
 	char real[PATH_MAX];
-	if (realpath(cfg.dir, real) && strcmp(real, cfg.dir)) {
-		snprintf(cfg.real_dir, sizeof(cfg.real_dir), "%s", real);
-		cfg.real_len = strlen(cfg.real_dir);
+	if (realpath(c->dir, real) && strcmp(real, c->dir)) {
+		snprintf(c->real_dir, sizeof(c->real_dir), "%s", real);
+		c->real_len = strlen(c->real_dir);
 	}
 	const char *v;
 	if ((v = getenv("SLURM_CHAOS_IO_AFTER_BYTES")))
-		cfg.after_bytes = strtoull(v, NULL, 10);
+		c->after_bytes = strtoull(v, NULL, 10);
 	if ((v = getenv("SLURM_CHAOS_IO_AFTER_S")))
-		cfg.after_s = strtod(v, NULL);
+		c->after_s = strtod(v, NULL);
 	if ((v = getenv("SLURM_CHAOS_IO_HOLD_S")))
-		cfg.hold_s = strtod(v, NULL);
+		c->hold_s = strtod(v, NULL);
+	c->fault = f;
 }
 
-static inline void ensure_init(void)
+enum { INIT_NONE, INIT_DONE };
+static atomic_int init_state;
+static atomic_long init_owner; /* the thread inside the initialisation, 0 if none */
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int libc_ready;
+
+/* Our constructor runs after libc's (a dependency), so from here on an empty environ is real. */
+__attribute__((constructor)) static void sc_loaded(void)
 {
-	int saved = errno; /* realpath() and getcwd() set it on their way */
-	pthread_once(&init_once, sc_init);
+	atomic_store(&libc_ready, 1);
+}
+
+/*
+ * Reads the configuration once, at the first wrapped call that can, and publishes it whole.
+ * Other threads wait for it on the lock. A call that re-enters from inside it (this thread already
+ * holds the lock) passes through: the configuration is not published yet, so every check says
+ * "not ours", and the real functions are the syscall stand-ins until resolve_all. So does a call
+ * made before libc set up environ (a preinit function), which leaves the reading for later.
+ */
+static void ensure_init(void)
+{
+	if (atomic_load_explicit(&init_state, memory_order_acquire) == INIT_DONE)
+		return;
+	int saved = errno; /* getcwd(), realpath() and dlsym() set it on their way */
+	long self = syscall(SYS_gettid);
+	if (atomic_load(&init_owner) != self && (environ || atomic_load(&libc_ready))) {
+		pthread_mutex_lock(&init_lock);
+		if (atomic_load(&init_state) != INIT_DONE) {
+			atomic_store(&init_owner, self);
+			struct sc_config c = {0};
+			read_config(&c);
+			resolve_all();
+			cfg = c;
+			atomic_store_explicit(&init_state, INIT_DONE, memory_order_release);
+			atomic_store(&init_owner, 0);
+		}
+		pthread_mutex_unlock(&init_lock);
+	}
 	errno = saved;
 }
 
@@ -287,7 +409,7 @@ static void announce(void)
 	int n = snprintf(msg, sizeof(msg), "slurm-chaos: checkpoint I/O fault '%s' now active under %s (pid %d)\n",
 			 names[cfg.fault], cfg.dir, (int)getpid());
 	int saved = errno; /* stderr may be closed: the call that goes ahead keeps its errno */
-	if (n > 0 && real_write)
+	if (n > 0)
 		(void)!real_write(2, msg, (size_t)(n < (int)sizeof(msg) ? n : (int)sizeof(msg) - 1));
 	errno = saved;
 }
@@ -386,13 +508,8 @@ static int wants_write(int flags)
 #define OPEN_BODY(call, dirfd, path, flags)                                                  \
 	do {                                                                                 \
 		ensure_init();                                                               \
-		mode_t mode = 0;                                                             \
-		if ((flags) & (O_CREAT | O_TMPFILE)) {                                        \
-			va_list ap;                                                          \
-			va_start(ap, flags);                                                 \
-			mode = (mode_t)va_arg(ap, int);                                      \
-			va_end(ap);                                                          \
-		}                                                                            \
+		mode_t mode;                                                                 \
+		OPEN_MODE(flags, mode);                                                      \
 		/* O_TMPFILE includes O_DIRECTORY: its path is the directory, the file ours. */ \
 		int mine = (((flags) & O_TMPFILE) == O_TMPFILE || !((flags) & O_DIRECTORY)) &&  \
 			   under_dir(dirfd, path, !((flags) & O_NOFOLLOW));                  \
@@ -739,10 +856,6 @@ SC_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 	ensure_init();
 	if (!(flags & CLOSE_RANGE_CLOEXEC))
 		sc_mark_clear_range(first, last);
-	if (!REAL(close_range)) {
-		errno = ENOSYS;
-		return -1;
-	}
 	return REAL(close_range)(first, last, flags);
 }
 
@@ -751,8 +864,7 @@ SC_EXPORT void closefrom(int lowfd)
 	ensure_init();
 	if (lowfd >= 0)
 		sc_mark_clear_range((unsigned)lowfd, ~0U);
-	if (REAL(closefrom))
-		REAL(closefrom)(lowfd);
+	REAL(closefrom)(lowfd);
 }
 
 SC_EXPORT int dup(int fd)

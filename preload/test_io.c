@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -562,6 +564,57 @@ static void errno_hang(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+/*
+ * A preinit function runs before libc is set up (environ is still NULL there): a wrapped call made
+ * there must work, and must not leave the shim configured from an empty environment.
+ */
+static void early_io(int argc, char **argv, char **envp)
+{
+	(void)envp;
+	if (argc > 1 && !strcmp(argv[1], "preinit")) {
+		int fd = open("/dev/null", O_WRONLY);
+		if (fd < 0 || write(fd, "x", 1) != 1 || close(fd) != 0)
+			_exit(98);
+	}
+}
+__attribute__((section(".preinit_array"), used)) static void (*const preinit)(int, char **, char **) = early_io;
+
+/* First calls from many threads at once: one initialisation, every thread sees the fault. */
+#define THREADS 8
+static pthread_barrier_t start;
+static const char *thread_ckpt;
+
+static void *first_calls(void *arg)
+{
+	char name[32];
+	snprintf(name, sizeof(name), "t%ld.pt", (long)(intptr_t)arg);
+	pthread_barrier_wait(&start);
+	int fd = open(join(thread_ckpt, name), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	long ok = fd >= 0 && write(fd, buf, 100) == 100;
+	close(fd);
+	return (void *)ok;
+}
+
+static void threads(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_FAULT=enospc, AFTER_BYTES=1000 */
+	pthread_t t[THREADS];
+	thread_ckpt = ckpt;
+	pthread_barrier_init(&start, NULL, THREADS);
+	for (long k = 0; k < THREADS; k++)
+		pthread_create(&t[k], NULL, first_calls, (void *)(intptr_t)k);
+	for (int k = 0; k < THREADS; k++) {
+		void *ok;
+		pthread_join(t[k], &ok);
+		EXPECT(ok, "thread %d: open and 100 bytes before the threshold", k);
+	}
+	int fd = open_ckpt(ckpt, "last.pt");
+	EXPECT(write(fd, buf, 300) == 200, "800 bytes from the threads counted: 200 left");
+	EXPECT_FAULTED(fd, "after the threads");
+	close(fd);
+	other_dir_untouched(other);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4) {
@@ -570,8 +623,10 @@ int main(int argc, char **argv)
 	}
 	memset(buf, 'x', sizeof(buf));
 	const char *s = argv[1];
-	if (!strcmp(s, "enospc"))
+	if (!strcmp(s, "enospc") || !strcmp(s, "reenter") || !strcmp(s, "preinit"))
 		enospc(argv[2], argv[3]);
+	else if (!strcmp(s, "threads"))
+		threads(argv[2], argv[3]);
 	else if (!strcmp(s, "eio"))
 		eio(argv[2], argv[3]);
 	else if (!strcmp(s, "hang"))
