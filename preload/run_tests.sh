@@ -22,6 +22,7 @@ run enospc SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=1000
 run eio SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
 run hang SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_AFTER_BYTES=100 SLURM_CHAOS_IO_HOLD_S=1
 run stdio SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
+run stdio_fileno SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=100
 run after SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_S=1
 run passive SLURM_CHAOS_IO_AFTER_BYTES=0
 run socket_dirfd SLURM_CHAOS_IO_FAULT=eio SLURM_CHAOS_IO_AFTER_BYTES=0
@@ -66,5 +67,30 @@ assert os.path.getsize(os.path.join(ckpt, "ckpt.pt")) == 4096
 assert os.path.getsize(os.path.join(other, "probe.h5")) == 100000
 print("python: ok")
 PY
+fi
+# std::ofstream writes through fileno() of an fopen()ed stream (torch.save to a path does this).
+if command -v "${CXX:-c++}" >/dev/null 2>&1; then
+	cat > "$T/ofstream.cc" <<'CXX'
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <string>
+int main(int argc, char **argv)
+{
+	std::ofstream f(argv[1], std::ios::binary | std::ios::trunc);
+	f << std::string(4096, 'x') << std::flush;
+	if (!f.good())
+		return std::puts("c++ ofstream: FAILED before the threshold"), 1;
+	f << std::string(10, 'x') << std::flush;
+	if (f.good() || errno != ENOSPC)
+		return std::puts("c++ ofstream: FAILED, no ENOSPC"), 1;
+	std::puts("c++ ofstream: ok");
+}
+CXX
+	"${CXX:-c++}" -O1 -o "$T/ofstream" "$T/ofstream.cc"
+	fresh
+	env SLURM_CHAOS_IO_FAULT=enospc SLURM_CHAOS_IO_AFTER_BYTES=4096 SLURM_CHAOS_CKPT_DIR="$T/ckpt" LD_PRELOAD="$LIB" \
+		"$T/ofstream" "$T/ckpt/model.pt"
+	test "$(stat -c %s "$T/ckpt/model.pt")" = 4096
 fi
 echo "preload: all scenarios ok"

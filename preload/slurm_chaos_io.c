@@ -1099,7 +1099,17 @@ static FILE *fopen_common(const char *path, const char *mode, FILE *(*real)(cons
 		int saved = errno;
 		close(fd);
 		errno = saved;
+		return NULL;
 	}
+#ifdef __GLIBC__
+	/*
+	 * fileno() of a cookie stream is -1, but libstdc++'s filebuf (std::ofstream, torch.save to a
+	 * path) opens with fopen and then calls write()/read()/lseek() on fileno(): give it the real,
+	 * tracked fd. glibc does its own I/O on a cookie stream through the cookie, never through
+	 * _fileno, which it only compares with -1 ("open") and resets at fclose.
+	 */
+	f->_fileno = fd;
+#endif
 	return f;
 }
 

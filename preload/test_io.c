@@ -35,6 +35,13 @@ static char buf[8192];
 		}                                                                                  \
 	} while (0)
 
+/* A write on `fd` fails with ENOSPC: it is a tracked checkpoint file and the fault is active. */
+#define EXPECT_FAULTED(fd, what)                                                                   \
+	do {                                                                                       \
+		errno = 0;                                                                         \
+		EXPECT(write(fd, buf, 1) == -1 && errno == ENOSPC, "%s: write fails (ENOSPC)", what); \
+	} while (0)
+
 static double now(void)
 {
 	struct timespec ts;
@@ -171,6 +178,30 @@ static void stdio_enospc(const char *ckpt, const char *other)
 	other_dir_untouched(other);
 }
 
+/*
+ * libstdc++'s std::ofstream (torch.save to a path) opens with fopen and then writes with write() on
+ * fileno(): a stream of ours must have the real fd behind it, and that fd is tracked.
+ */
+static void stdio_fileno(const char *ckpt, const char *other)
+{
+	/* SLURM_CHAOS_IO_AFTER_BYTES=100 */
+	FILE *f = fopen(join(ckpt, "cxx.pt"), "wb");
+	int fd = f ? fileno(f) : -1;
+	EXPECT(fd >= 0, "fileno of a checkpoint stream");
+	EXPECT(write(fd, buf, 60) == 60 && lseek(fd, 0, SEEK_END) == 60, "write and lseek on its fd");
+	EXPECT(write(fd, buf, 60) == 40, "cut short at the threshold");
+	EXPECT_FAULTED(fd, "the stream's fd");
+	EXPECT(f && fclose(f) == 0, "fclose");
+	errno = 0;
+	EXPECT(fcntl(fd, F_GETFD) == -1 && errno == EBADF, "fclose closed the fd");
+	f = fopen(join(ckpt, "a.pt"), "r");
+	char c[4];
+	EXPECT(f && read(fileno(f), c, 4) == 4, "read on a reading stream's fd (enospc leaves reads)");
+	if (f)
+		fclose(f);
+	other_dir_untouched(other);
+}
+
 static void after_seconds(const char *ckpt, const char *other)
 {
 	/* SLURM_CHAOS_IO_AFTER_S=1 */
@@ -231,12 +262,6 @@ static int open_ckpt(const char *ckpt, const char *name)
 	return fd;
 }
 
-/* A write on `fd` fails with ENOSPC: it is a tracked checkpoint file and the fault is active. */
-#define EXPECT_FAULTED(fd, what)                                                                   \
-	do {                                                                                       \
-		errno = 0;                                                                         \
-		EXPECT(write(fd, buf, 1) == -1 && errno == ENOSPC, "%s: write fails (ENOSPC)", what); \
-	} while (0)
 
 /* The fd number of a checkpoint file closed behind close()'s back, reused for a file elsewhere. */
 static FILE *reused_fd_untouched(const char *other, int fd, const char *how)
@@ -625,6 +650,8 @@ int main(int argc, char **argv)
 	const char *s = argv[1];
 	if (!strcmp(s, "enospc") || !strcmp(s, "reenter") || !strcmp(s, "preinit"))
 		enospc(argv[2], argv[3]);
+	else if (!strcmp(s, "stdio_fileno"))
+		stdio_fileno(argv[2], argv[3]);
 	else if (!strcmp(s, "threads"))
 		threads(argv[2], argv[3]);
 	else if (!strcmp(s, "eio"))
