@@ -6,6 +6,14 @@ B=${1:-build}
 LIB=$(cd "$B" && pwd)/libslurm_chaos_io.so
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
+# The shim exports exactly the functions it wraps; its helpers stay hidden.
+want=$(sed -n 's/^SC_EXPORT [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' "$(dirname "$0")/slurm_chaos_io.c" | sort)
+got=$(nm -D --defined-only "$LIB" | awk '$2 == "T" {print $3}' | sort)
+if [ "$want" != "$got" ]; then
+	echo "exports differ from the SC_EXPORT functions:"; echo "$want" > "$T/want"; echo "$got" | diff "$T/want" -
+	exit 1
+fi
+echo "exports: $(echo "$got" | wc -l) wrapped functions, nothing else"
 export ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fresh() {
 	rm -rf "$T/ckpt" "$T/other"; mkdir -p "$T/ckpt" "$T/other"

@@ -10,12 +10,25 @@
  *   SLURM_CHAOS_IO_AFTER_S      ... and once this many seconds passed since the process started
  *   SLURM_CHAOS_IO_HOLD_S       hang: how long each call blocks, then proceeds (0: until killed)
  *
- * Once active: opening for writing (creat, O_CREAT/O_TRUNC/O_APPEND/O_WRONLY/O_RDWR), write,
- * pwrite, writev, fsync, fdatasync, rename or mkdir into the directory fail with ENOSPC (enospc)
- * or EIO (eio; reads and read-only opens fail too), or block (hang; reads too). The write that
- * crosses the byte threshold is cut short, as on a volume that fills up. fopen()ed streams are
- * covered through fopencookie(), since glibc's stdio does not call the public write(). Opening
- * the directory itself (O_DIRECTORY, to list it or as an openat base) is left alone.
+ * Once active, these fail with ENOSPC (enospc) or EIO (eio; reads and read-only opens too), or
+ * block (hang; reads too), on a file in the directory:
+ *   opening for writing (creat, O_CREAT/O_TRUNC/O_APPEND/O_WRONLY/O_RDWR, O_TMPFILE there);
+ *   write, pwrite, writev, pwritev, pwritev2, copy_file_range and sendfile into it (each write
+ *   is counted; the one that crosses the byte threshold is cut short, as on a volume that fills
+ *   up); fsync, fdatasync, ftruncate, truncate, fallocate, posix_fallocate (returns the error);
+ *   mmap PROT_WRITE with MAP_SHARED (refused; stores through a mapping made before the fault
+ *   starts are neither counted nor stopped);
+ *   rename, renameat, renameat2, link and linkat with either end in the directory, and mkdir;
+ *   eio and hang: read, pread, readv, preadv, preadv2, mmap to read, and copies out of it.
+ * fopen()ed streams are covered through fopencookie(), since glibc's stdio does not call the
+ * public write(). Opening the directory itself (O_DIRECTORY, to list it or as an openat base)
+ * is left alone. A call the shim lets through keeps errno as it was.
+ *
+ * A file counts as in the directory by its path (lexically, then by real path: a symlinked
+ * parent, and a final symlink where the call follows it); an open fd by a mark taken at open,
+ * carried by dup, dup2, dup3 and fcntl(F_DUPFD*), dropped by close, close_range and closefrom,
+ * and trusted only while fstat shows the same file (st_dev, st_ino). Not covered: I/O through
+ * io_uring or raw syscall(), fds inherited across exec, splice and vmsplice.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
