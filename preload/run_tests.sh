@@ -7,7 +7,8 @@ LIB=$(cd "$B" && pwd)/libslurm_chaos_io.so
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 # The shim exports exactly the functions it wraps; its helpers stay hidden.
-want=$(sed -n 's/^SC_EXPORT [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' "$(dirname "$0")/slurm_chaos_io.c" | sort)
+want=$(sed -n -e 's/^SC_EXPORT .*__asm__("\([a-z_0-9]*\)").*/\1/p' -e t \
+	-e 's/^SC_EXPORT [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' "$(dirname "$0")/slurm_chaos_io.c" | sort)
 got=$(nm -D --defined-only "$LIB" | awk '$2 == "T" {print $3}' | sort)
 if [ "$want" != "$got" ]; then
 	echo "exports differ from the SC_EXPORT functions:"; echo "$want" > "$T/want"; echo "$got" | diff "$T/want" -

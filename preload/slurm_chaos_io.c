@@ -28,7 +28,8 @@
  * parent, and a final symlink where the call follows it); an open fd by a mark taken at open,
  * carried by dup, dup2, dup3 and fcntl(F_DUPFD*), dropped by close, close_range and closefrom,
  * and trusted only while fstat shows the same file (st_dev, st_ino). Not covered: I/O through
- * io_uring or raw syscall(), fds inherited across exec, splice and vmsplice.
+ * io_uring or raw syscall(), fds inherited across exec, splice and vmsplice, stdio streams from
+ * fdopen() or freopen(), and _FORTIFY_SOURCE's __read_chk/__pread_chk (fixed-size read buffers).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -817,17 +818,26 @@ SC_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off6
 		return call;                                                                 \
 	} while (0)
 
-SC_EXPORT ssize_t read(int fd, void *buf, size_t n)
+/*
+ * _FORTIFY_SOURCE declares read, pread and pread64 as inline functions, and clang then takes a
+ * definition of the same name for that inline one and exports nothing. Defined under another C
+ * name with the symbol's name, they are the same functions to the linker and none to clang.
+ */
+SC_EXPORT ssize_t sc_read(int fd, void *buf, size_t n) __asm__("read");
+SC_EXPORT ssize_t sc_pread(int fd, void *buf, size_t n, off_t off) __asm__("pread");
+SC_EXPORT ssize_t sc_pread64(int fd, void *buf, size_t n, off64_t off) __asm__("pread64");
+
+ssize_t sc_read(int fd, void *buf, size_t n)
 {
 	FD_READ(fd, REAL(read)(fd, buf, n));
 }
 
-SC_EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off)
+ssize_t sc_pread(int fd, void *buf, size_t n, off_t off)
 {
 	FD_READ(fd, REAL(pread)(fd, buf, n, off));
 }
 
-SC_EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off)
+ssize_t sc_pread64(int fd, void *buf, size_t n, off64_t off)
 {
 	FD_READ(fd, REAL(pread64)(fd, buf, n, off));
 }
