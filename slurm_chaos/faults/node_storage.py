@@ -166,7 +166,8 @@ def _create_as_user(req: FaultRequest, ctx: JobContext, missing: Sequence[str]) 
             ctx.deadline,
         )
     for directory in missing:
-        res = ctx.runner([*as_user(ctx.uid, gid), "mkdir", "-m", "700", "--", directory], timeout=10)
+        # -p: the job's other nodes may make the same directory on a shared filesystem at the same time.
+        res = ctx.runner([*as_user(ctx.uid, gid), "mkdir", "-p", "-m", "700", "--", directory], timeout=10)
         if not res.ok:
             raise ChaosError(
                 f"ckpt-full: the job's user cannot create {directory}: {res.stderr.strip()[:200]}"

@@ -276,8 +276,10 @@ def scan_heartbeats(directory: Path | str | None = None) -> Scan:
     rejected: list[str] = []
     try:
         base_fd, base = _open_dir(str(heartbeat_dir(directory)))
-    except OSError:
+    except FileNotFoundError:
         return Scan()
+    except OSError as exc:  # a link or a file where the directory should be: say so, trust nothing
+        return Scan((), (f"{heartbeat_dir(directory)}: {exc.strerror}",))
     try:
         if not _private(base):
             return Scan((), (f"{heartbeat_dir(directory)}: writable by others: no heartbeat trusted",))

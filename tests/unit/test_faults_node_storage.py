@@ -51,8 +51,10 @@ def mkdir_as_user(calls: list[tuple[str, ...]], then: Callable[[str], None] | No
         calls.append(argv)
         if "mkdir" in argv:
             directory = argv[-1]
-            os.mkdir(directory, 0o700)
-            os.chown(directory, UID, GID)
+            assert argv[-6:-1] == ("mkdir", "-p", "-m", "700", "--")
+            if not os.path.isdir(directory):
+                os.mkdir(directory, 0o700)
+                os.chown(directory, UID, GID)
             if then:
                 then(directory)
         return ok(argv)
@@ -132,6 +134,21 @@ def test_missing_directories_are_made_by_the_jobs_user_and_journalled(tmp_path: 
     assert [u.data["path"] for u in undo] == [f"{root}/run", f"{root}/run/x"]
     assert all(u.action == "rmdir_if_empty" and u.data["uid"] == UID for u in undo)
     assert os.stat(root).st_uid == 0  # the root above is left as it was
+
+
+def test_a_directory_another_node_made_meanwhile_is_fine(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    calls: list[tuple[str, ...]] = []
+
+    def other_node_first(directory: str) -> None:
+        if directory.endswith("/run"):  # the job's other node makes x before this one gets to it
+            os.mkdir(f"{directory}/x", 0o700)
+            os.chown(f"{directory}/x", UID, GID)
+
+    ctx = _ctx(tmp_path, mkdir_as_user(calls, then=other_node_first), (str(root),))
+    os.close(open_checkpoint_dir(_req(f"{root}/run/x"), ctx, f"{root}/run/x"))
+    assert [c[-1] for c in calls] == [f"{root}/run", f"{root}/run/x"]
 
 
 def test_an_existing_directory_of_someone_else_is_refused_and_not_chowned(tmp_path: Path) -> None:

@@ -146,6 +146,8 @@ def test_a_heartbeat_directory_others_may_write_is_not_trusted(tmp_path: Path) -
     os.chown(tmp_path / "hb" / "node1", 0, 0)
     (tmp_path / "hb" / "node1" / "5").chmod(0o777)  # a job directory its user opened to everyone
     assert read_heartbeats(tmp_path / "hb") == []
+    (tmp_path / "link").symlink_to(tmp_path / "hb")
+    assert "Not a directory" in scan_heartbeats(tmp_path / "link").rejected[0]
 
 
 def test_prolog_makes_the_jobs_own_directory_and_the_epilog_removes_it(tmp_path: Path) -> None:
