@@ -550,3 +550,23 @@ def test_symlinks_in_the_checkpoint_directory_change_nothing_outside_it(
         for link in links:
             link.unlink(missing_ok=True)
         victim.unlink(missing_ok=True)
+
+
+def _exporter_down_firing(loop: Loop) -> bool:
+    return any(a["labels"].get("alertname") == "ChaosExporterDown" for a in _alerts(loop))
+
+
+def test_exporter_down_fires_an_alert_and_resolves_once_back(loop: Loop) -> None:
+    """Without its exporter every slurm-chaos alert is blind: that itself must alert."""
+    (exporter,) = [svc for svc in monitoring.services(loop.layout) if svc.label == "exporter"]
+    pid = exporter.pid()
+    assert pid is not None
+    daemons.terminate(pid)
+    try:
+        fire = loop.wait("ChaosExporterDown in Alertmanager", lambda: _exporter_down_firing(loop), 90)
+    finally:
+        monitoring.start_monitoring(loop.layout)
+    resolve = loop.wait("ChaosExporterDown resolved", lambda: not _exporter_down_firing(loop), 90)
+    print(
+        f"\nalert: ChaosExporterDown {fire:.1f} s after the exporter stopped, resolved {resolve:.1f} s after"
+    )
