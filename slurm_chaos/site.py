@@ -18,6 +18,7 @@ import yaml
 
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.hostlist import expand_hostlist
+from slurm_chaos.paths import path_problem
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "site.schema.json"
 
@@ -92,6 +93,8 @@ class Safety:
     allowed_accounts: tuple[str, ...] = ()
     allowed_reservations: tuple[str, ...] = ()
     require_exclusive: bool = True
+    #: Directories under which node-side faults may act on a path the job names (ckpt-full).
+    allowed_checkpoint_roots: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,23 @@ def _nodes(path: Path, key: str, expr: str) -> tuple[str, ...]:
         raise ConfigError(str(path), key, f"bad node list {expr!r}: {exc}") from exc
 
 
+def _checkpoint_roots(path: Path, d: dict[str, Any]) -> tuple[str, ...]:
+    """safety.allowed_checkpoint_roots, else the checkpoint path; each a canonical absolute path."""
+    given = d["safety"].get("allowed_checkpoint_roots")
+    if given is None:
+        keyed = [("checkpoint.path", d["checkpoint"]["path"])]
+    else:
+        keyed = [(f"safety.allowed_checkpoint_roots.{i}", root) for i, root in enumerate(given)]
+    for key, root in keyed:
+        problem = path_problem(root)
+        if problem:
+            what = "" if given is not None else " (the default of safety.allowed_checkpoint_roots)"
+            raise ConfigError(
+                str(path), key, f"{root!r}{what} {problem}: a canonical absolute path is needed"
+            )
+    return tuple(root for _, root in keyed)
+
+
 def _build(path: Path, d: dict[str, Any]) -> Site:
     partitions = {
         name: _nodes(path, f"partitions.{name}.nodes", p["nodes"]) for name, p in d["partitions"].items()
@@ -255,6 +275,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         allowed_accounts=tuple(d["safety"].get("allowed_accounts", ())),
         allowed_reservations=tuple(d["safety"].get("allowed_reservations", ())),
         require_exclusive=d["safety"].get("require_exclusive", True),
+        allowed_checkpoint_roots=_checkpoint_roots(path, d),
     )
     for i, part in enumerate(safety.allowed_partitions):
         if part not in partitions:

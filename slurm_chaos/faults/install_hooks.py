@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_chaos.errors import ConfigError
@@ -35,7 +36,7 @@ _TEMPLATE = """#!/bin/sh
 {guard}
 PYTHONPATH={pythonpath}${{PYTHONPATH:+:$PYTHONPATH}} \\
   timeout -k 5 {timeout} {python} -m slurm_chaos.faults.hooks {kind} \\
-  --journal-root {journal_root} --log-file {log_file} --deadline {deadline}{spec_arg}
+  --journal-root {journal_root} --log-file {log_file} --deadline {deadline}{spec_arg}{roots_arg}
 rc=$?
 if [ "$rc" -ne 0 ]; then
   msg="slurm-chaos: {kind} hook exited $rc for job ${{SLURM_JOB_ID:-?}} on ${{SLURMD_NODENAME:-?}}"
@@ -60,6 +61,7 @@ def render_hook(
     spec_dir: Path | None,
     deadline_s: float,
     timeout_s: int,
+    ckpt_roots: Sequence[str] = (),
 ) -> str:
     """Text of one hook script (kind: prolog or epilog)."""
     q = shlex.quote
@@ -77,6 +79,7 @@ def render_hook(
         log_file=q(str(log_file)),
         deadline=f"{deadline_s:g}",
         spec_arg=f" --spec-dir {q(str(spec_dir))}" if spec_dir else "",
+        roots_arg="".join(f" --ckpt-root {q(root)}" for root in ckpt_roots) if kind == "prolog" else "",
     )
 
 
@@ -89,18 +92,21 @@ def install_hooks(
     spec_dir: Path | None = None,
     deadline_s: float = DEFAULT_DEADLINE_S,
     timeout_s: int = DEFAULT_TIMEOUT_S,
+    ckpt_roots: Sequence[str] = (),
 ) -> list[Path]:
     """Write ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos`` under `hooks_dir`; returns them.
 
     `spec_dir`: where the fallback SPEC files ``<job id>`` are read from (None: only the SPANK
     plugin's variable). `deadline_s`: the watchdog's bound when the job's time limit is unknown.
+    `ckpt_roots`: the site's allowed checkpoint roots (none: ckpt-full refuses every path).
     """
     written = []
     for kind in ("prolog", "epilog"):
         path = hooks_dir / f"{kind}.d" / HOOK_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
-        tmp.write_text(render_hook(kind, python, journal_root, log_file, spec_dir, deadline_s, timeout_s))
+        text = render_hook(kind, python, journal_root, log_file, spec_dir, deadline_s, timeout_s, ckpt_roots)
+        tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.rename(path)  # atomic: slurmd never runs a half-written hook
         written.append(path)
@@ -144,5 +150,11 @@ def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> l
             journal_root=site_journal_root(site),
             log_file=root / "log" / "slurm-chaos-agent.log",
             spec_dir=root / "shared" / "chaos-spec",
+            ckpt_roots=site.safety.allowed_checkpoint_roots,
         )
-    return install_hooks(hooks_dir, python, journal_root=site_journal_root(site))
+    return install_hooks(
+        hooks_dir,
+        python,
+        journal_root=site_journal_root(site),
+        ckpt_roots=site.safety.allowed_checkpoint_roots,
+    )

@@ -193,6 +193,15 @@ def test_installed_hooks_exit_0_and_log_their_failure(tmp_path: Path) -> None:
     assert uninstall_hooks(tmp_path / "etc") == paths
 
 
+def test_prolog_hook_passes_the_allowed_checkpoint_roots(tmp_path: Path) -> None:
+    roots = ("/scratch/ckpt", "/lustre/my ckpt")
+    prolog, epilog = install_hooks(
+        tmp_path / "etc", "/usr/bin/python3", journal_root=tmp_path, ckpt_roots=roots
+    )
+    assert "--ckpt-root /scratch/ckpt --ckpt-root '/lustre/my ckpt'" in prolog.read_text()
+    assert "--ckpt-root" not in epilog.read_text()
+
+
 def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_chaos.faults import node_gpu
 

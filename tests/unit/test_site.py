@@ -79,6 +79,22 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
         (lambda d: d["nodes"]["gpus"][1].update(numa_node=5), "nodes.gpus.1.numa_node", "numa_nodes is 2"),
         (lambda d: d["racks"]["r1"].update(nodes="x[1-"), "racks.r1.nodes", "bad node list"),
         (lambda d: d["slurm"].update(reservation="other"), "slurm.reservation", "allowed_reservations"),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=["/scratch/ckpt", "/home/../etc"]),
+            "safety.allowed_checkpoint_roots.1",
+            "'..' component",
+        ),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=["scratch"]),
+            "safety.allowed_checkpoint_roots.0",
+            "does not match",
+        ),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=[]),
+            "safety.allowed_checkpoint_roots",
+            "non-empty",
+        ),
+        (lambda d: d["checkpoint"].update(path="/scratch//ckpt/"), "checkpoint.path", "empty component"),
     ],
 )
 def test_bad_site_names_file_and_key(tmp_path: Path, mutate, key: str, words: str) -> None:  # type: ignore[no-untyped-def]
@@ -90,3 +106,11 @@ def test_bad_site_names_file_and_key(tmp_path: Path, mutate, key: str, words: st
     assert exc.value.key == key
     assert words in exc.value.problem
     assert str(exc.value).startswith(f"{path}: {key}: ")
+
+
+def test_allowed_checkpoint_roots_default_to_the_checkpoint_path(tmp_path: Path) -> None:
+    data = _golden()
+    site = load_site(_write(tmp_path, data))
+    assert site.safety.allowed_checkpoint_roots == (site.checkpoint.path,)
+    data["safety"]["allowed_checkpoint_roots"] = ["/scratch/a", "/scratch/b"]  # type: ignore[index]
+    assert load_site(_write(tmp_path, data)).safety.allowed_checkpoint_roots == ("/scratch/a", "/scratch/b")

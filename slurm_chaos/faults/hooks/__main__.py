@@ -94,6 +94,7 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> 
         uid=_int(env, "SLURM_JOB_UID"),
         gid=_int(env, "SLURM_JOB_GID"),
         log_file=args.log_file,
+        ckpt_roots=args.ckpt_root,
     )
     log.info(
         "prolog: job %s on %s: SPEC %s: applied [%s] failed [%s] agent %s %s",
@@ -126,6 +127,7 @@ def main(
     p.add_argument("--log-file", type=Path, default=None)
     p.add_argument("--spec-dir", type=Path, default=None)
     p.add_argument("--deadline", type=float, default=agent.DEFAULT_DEADLINE_S)
+    p.add_argument("--ckpt-root", action="append", default=[], help="an allowed checkpoint root (repeatable)")
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
     agent.ensure_system_path()
