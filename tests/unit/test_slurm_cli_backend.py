@@ -48,6 +48,11 @@ def slurm(
             a, (V22 / "scontrol_show_reservation_oneliner.txt").read_text()
         ),
         "sbatch": lambda a: ok(a, "4242\n"),
+        "scontrol -o show partition": lambda a: ok(
+            a, (V22 / "scontrol_show_partition_oneliner.txt").read_text()
+        ),
+        "scontrol -o show topology": lambda a: ok(a, (V22 / "scontrol_show_topology.txt").read_text()),
+        "scontrol show config": lambda a: ok(a, (V22 / "scontrol_show_config.txt").read_text()),
     }
     table.update(overrides or {})
 
@@ -272,6 +277,43 @@ def test_reservation_and_missing_reservation() -> None:
     )
     with pytest.raises(SlurmError, match="Reservation nosuch not found"):
         SlurmCLI(ENV, missing).reservation("nosuch")
+
+
+def test_cluster_layout_queries() -> None:
+    """What onboarding reads: one scontrol call each, text in every Slurm version."""
+    runner = slurm(V24)
+    cli = SlurmCLI(ENV, runner)
+    assert list(cli.partitions()) == ["debug"]
+    assert [s.name for s in cli.topology() if s.leaf] == ["sw1", "sw2"]
+    assert list(cli.reservations()) == ["maint"]
+    assert cli.cluster_config().name == "chaos3"
+    assert runner.calls == [
+        ("scontrol", "-o", "show", "partition"),
+        ("scontrol", "-o", "show", "topology"),
+        ("scontrol", "-o", "show", "reservation"),
+        ("scontrol", "show", "config"),
+    ]
+
+
+def test_no_topology_plugin_and_no_reservation() -> None:
+    # src/api/topo_info.c: with no switch records scontrol prints this error and nothing on stdout.
+    no_topo = Completed((), 1, "", "scontrol: error: No topology information available\n")
+    runner = slurm(
+        V22,
+        {
+            "scontrol -o show topology": lambda a: no_topo,
+            "scontrol -o show reservation": lambda a: ok(
+                a, (V22 / "scontrol_show_reservation_none.txt").read_text()
+            ),
+        },
+    )
+    cli = SlurmCLI(ENV, runner)
+    assert cli.topology() == [] and cli.reservations() == {}
+    broken = slurm(
+        V22, {"scontrol -o show topology": lambda a: Completed(a, 1, "", "slurm_load_topo error\n")}
+    )
+    with pytest.raises(SlurmError, match="slurm_load_topo error"):
+        SlurmCLI(ENV, broken).topology()
 
 
 def test_accounting_has_every_run_and_step() -> None:
