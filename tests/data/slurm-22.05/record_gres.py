@@ -46,11 +46,8 @@ class GresSandbox(Sandbox):
         super()._write_configs(layout, health_interval)
         conf = layout.slurm_conf.read_text()
         conf = re.sub(
-            r"^(NodeName=(node\d+) .*?)CPUs=2 ",
-            lambda m: (
-                f"{m.group(1)}CPUs=2 Sockets=2 CoresPerSocket=1 ThreadsPerCore=1 "
-                f"Gres={NODE_GRES[m.group(2)]} "
-            ),
+            r"^(NodeName=(node\d+) .*?)Sockets=1 CoresPerSocket=2 ",
+            lambda m: f"{m.group(1)}Sockets=2 CoresPerSocket=1 Gres={NODE_GRES[m.group(2)]} ",
             conf,
             flags=re.MULTILINE,
         )
