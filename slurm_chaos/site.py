@@ -135,6 +135,12 @@ def _schema() -> dict[str, Any]:
     return data
 
 
+def healthcheck_signals() -> tuple[str, ...]:
+    """The detectors a site's health check may declare (monitoring.healthcheck_signals)."""
+    items = _schema()["properties"]["monitoring"]["properties"]["healthcheck_signals"]["items"]
+    return tuple(items["enum"])
+
+
 def _key(path: Any) -> str:
     return ".".join(str(p) for p in path)
 

@@ -207,7 +207,6 @@ class ClusterConfig:
     """What `scontrol show config` says about the cluster as a whole; '' where not set."""
 
     name: str
-    slurm_conf: str = ""
     plugstack_conf: str = ""
     topology_plugin: str = ""
 

@@ -629,7 +629,6 @@ def parse_scontrol_config(text: str) -> ClusterConfig:
             values.setdefault(key, value.strip())
     return ClusterConfig(
         name=_text(values.get("ClusterName", "")),
-        slurm_conf=_text(values.get("SLURM_CONF", "")),
         plugstack_conf=_text(values.get("PlugStackConfig", "")),
         topology_plugin=_text(values.get("TopologyPlugin", "")),
     )

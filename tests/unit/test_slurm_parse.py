@@ -301,9 +301,8 @@ def test_topology_leaves_and_spine() -> None:
 def test_cluster_config() -> None:
     config = parse.parse_scontrol_config(text(V22 / "scontrol_show_config.txt"))
     etc = "/var/lib/slurm-chaos/sandboxes/hinit/etc"
-    assert (config.name, config.slurm_conf, config.plugstack_conf, config.topology_plugin) == (
+    assert (config.name, config.plugstack_conf, config.topology_plugin) == (
         "chaos3",
-        f"{etc}/slurm.conf",
         f"{etc}/plugstack.conf",
         "topology/tree",
     )
