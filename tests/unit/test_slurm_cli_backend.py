@@ -14,6 +14,7 @@ from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm import select
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 from slurm_chaos.slurm.model import JobState
+from slurm_chaos.slurm.pyslurm_backend import PyslurmScheduler
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 V22 = DATA / "slurm-22.05"
@@ -351,6 +352,20 @@ def test_cli_when_pyslurm_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(select, "load_pyslurm", lambda: None)
     assert select.choose(None, "22.05.8") == "cli"
     assert isinstance(select.select_scheduler(ENV, slurm(V22)), SlurmCLI)
+
+
+def test_pyslurm_nodes_carry_hardware_and_the_layout_comes_from_the_cli() -> None:
+    node = SimpleNamespace(
+        name="gpu001", state="IDLE", total_cpus=112, sockets=2, cores_per_socket=56, threads_per_core=1
+    )
+    pyslurm = SimpleNamespace(Nodes=SimpleNamespace(load=lambda: {"gpu001": node}), RPCError=RuntimeError)
+    runner = slurm(V22)
+    scheduler = PyslurmScheduler(pyslurm, SlurmCLI(ENV, runner))  # type: ignore[arg-type]
+    info = scheduler.nodes()["gpu001"]
+    assert (info.cpus, info.sockets, info.cores_per_socket, info.threads_per_core) == (112, 2, 56, 1)
+    assert list(scheduler.partitions()) == ["debug"] and scheduler.cluster_config().name == "chaos3"
+    assert [s.name for s in scheduler.topology()] == ["sw1", "sw2", "spine"]
+    assert list(scheduler.reservations()) == ["maint"]
 
 
 def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None:
