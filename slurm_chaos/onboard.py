@@ -22,7 +22,7 @@ import yaml
 from slurm_chaos.errors import SlurmError, UsageError
 from slurm_chaos.hostlist import compress_hostlist
 from slurm_chaos.runner import Runner
-from slurm_chaos.site import TODO, healthcheck_signals, todo_entries
+from slurm_chaos.site import TODO, Checkpoint, ProbeOptions, SlurmOptions, healthcheck_signals, todo_entries
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 from slurm_chaos.slurm.model import (
@@ -32,12 +32,6 @@ from slurm_chaos.slurm.model import (
     ReservationInfo,
     SwitchInfo,
 )
-
-# Defaults written out so that the file shows them; the schema has the same ones.
-TIME_LIMIT = "00:30:00"
-PROBE_STEPS = 200
-CHECKPOINT_EVERY = 20
-CHECKPOINT_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -205,61 +199,32 @@ def _features(facts: ClusterFacts, in_partitions: set[str]) -> dict[str, str]:
     return {feature: _hosts(names) for feature, names in holders.items()}
 
 
-def build_site(facts: ClusterFacts, slurm_conf: str | None, reservation: str | None = None) -> Draft:
-    """The site config that describes `facts`; unknowns are `TODO: ...` values."""
-    notes: dict[str, str] = {}
-    resv = choose_reservation(facts, reservation)
-    part = choose_partition(facts, resv)
-    partitions = {
-        p.name: {"nodes": _hosts(p.nodes), **({"default": True} if p.default else {})}
-        for p in facts.partitions.values()
-        if p.nodes
-    }
-    in_partitions = {n for p in facts.partitions.values() for n in p.nodes}
-    members = [n for n in part.nodes if not resv or n in resv.nodes]
-    slurm: dict[str, Any] = {
+def _slurm_section(
+    facts: ClusterFacts, slurm_conf: str | None, part: PartitionInfo, resv: ReservationInfo | None
+) -> dict[str, Any]:
+    return {
         "conf": slurm_conf,
         "partition": part.name,
         "reservation": resv.name if resv else None,
-        "time_limit": TIME_LIMIT,
+        "time_limit": SlurmOptions(partition=part.name).time_limit,
         "plugstack_conf": facts.config.plugstack_conf or None,
         "hooks_dir": _todo("directory holding prolog.d/, epilog.d/, healthcheck.d/ (null: none)"),
     }
-    notes["slurm.conf"] = "SLURM_CONF when `site init` ran; null: Slurm's default."
-    notes["slurm.hooks_dir"] = (
-        "Where slurm.conf's Prolog, Epilog and HealthCheckProgram run hooks from; "
-        "`plugin install` puts slurm-chaos's hooks there."
-    )
-    if resv:
-        users = ", ".join(resv.users) or "no user list"
-        notes["slurm.reservation"] = f"The maintenance reservation: {_hosts(resv.nodes)}, {users}."
-    else:
-        found = ", ".join(facts.reservations) or "none"
-        notes["slurm.reservation"] = (
-            f"No reservation chosen (reservations: {found}); name the maintenance reservation here and "
-            "in safety.allowed_reservations, or run `site init --reservation NAME`."
-        )
-    notes["slurm.time_limit"] = "Time limit of each baseline and fault job."
-    nodes = _nodes_section(facts, members, notes)
-    features = _features(facts, in_partitions)
-    data: dict[str, Any] = {
-        "cluster": facts.config.name or _todo("cluster name"),
-        "description": f"Written by `slurm-chaos site init` from Slurm {facts.version}.",
-        "slurm": slurm,
-        "partitions": partitions,
-        "racks": _racks(facts, in_partitions, notes),
-        **({"features": features} if features else {}),
-        "nodes": nodes,
+
+
+def _unknowns(gpus_per_node: int) -> dict[str, Any]:
+    """The sections Slurm knows nothing about: the probe, checkpoints, monitoring."""
+    return {
         "probe": {
             "python": _todo("Python with PyTorch on every node"),
             "model_size": _todo("tiny, small, medium or large"),
-            "steps": PROBE_STEPS,
-            "tasks_per_node": nodes["gpus_per_node"] or 1,
+            "steps": ProbeOptions().steps,
+            "tasks_per_node": gpus_per_node or 1,
         },
         "checkpoint": {
             "path": _todo("directory on the shared filesystem that every node can write"),
-            "every": CHECKPOINT_EVERY,
-            "timeout_s": CHECKPOINT_TIMEOUT_S,
+            "every": Checkpoint(path="").every,
+            "timeout_s": Checkpoint(path="").timeout_s,
         },
         "monitoring": {
             "prometheus": _todo("Prometheus URL (null: none)"),
@@ -267,29 +232,76 @@ def build_site(facts: ClusterFacts, slurm_conf: str | None, reservation: str | N
             "heartbeat_dir": _todo("node-local directory for the probe's heartbeats (null: none)"),
             "healthcheck_signals": _todo("list of what the site's health check detects ([] for none)"),
         },
-        "safety": {
-            "allowed_users": _todo("list of users who may run experiments"),
-            "allowed_partitions": [part.name],
-            **({"allowed_reservations": [resv.name]} if resv else {}),
-            "max_nodes": len(members),
-            "require_exclusive": True,
-        },
     }
-    notes["features"] = "Slurm node features (sbatch --constraint) and the nodes that have them."
-    notes["safety.max_nodes"] = (
-        f"The nodes of {'reservation ' + resv.name + ' in ' if resv else ''}partition {part.name}."
-    )
-    notes["probe.tasks_per_node"] = "One rank per GPU (1 on CPU nodes)."
-    notes["probe.python"] = "e.g. /opt/slurm-chaos/venv/bin/python; python3 where PyTorch is installed."
-    notes["probe.model_size"] = "The probe's model: large fills an 80 GB GPU, tiny runs on CPUs."
-    notes["monitoring.prometheus"] = "e.g. http://prometheus:9090 and http://alertmanager:9093."
-    notes["monitoring.healthcheck_signals"] = (
-        f"What the node health check (HealthCheckProgram) detects, any of {', '.join(healthcheck_signals())}."
-    )
-    if resv and resv.users:
-        notes["safety.allowed_users"] = f"Reservation {resv.name} admits {', '.join(resv.users)}."
-    if resv and resv.accounts:
-        data["safety"]["allowed_accounts"] = list(resv.accounts)
+
+
+def _safety(part: PartitionInfo, resv: ReservationInfo | None, max_nodes: int) -> dict[str, Any]:
+    return {
+        "allowed_users": _todo("list of users who may run experiments"),
+        **({"allowed_accounts": list(resv.accounts)} if resv and resv.accounts else {}),
+        "allowed_partitions": [part.name],
+        **({"allowed_reservations": [resv.name]} if resv else {}),
+        "max_nodes": max_nodes,
+        "require_exclusive": True,
+    }
+
+
+def _notes(facts: ClusterFacts, part: PartitionInfo, resv: ReservationInfo | None) -> dict[str, str]:
+    """Comments for the keys whose value needs a word of explanation."""
+    notes = {
+        "slurm.conf": "SLURM_CONF when `site init` ran; null: Slurm's default.",
+        "slurm.time_limit": "Time limit of each baseline and fault job.",
+        "slurm.hooks_dir": "Where slurm.conf's Prolog, Epilog and HealthCheckProgram run hooks from; "
+        "`plugin install` puts slurm-chaos's hooks there.",
+        "features": "Slurm node features (sbatch --constraint) and the nodes that have them.",
+        "probe.python": "e.g. /opt/slurm-chaos/venv/bin/python; python3 where PyTorch is installed.",
+        "probe.model_size": "The probe's model: large fills an 80 GB GPU, tiny runs on CPUs.",
+        "probe.tasks_per_node": "One rank per GPU (1 on CPU nodes).",
+        "monitoring.prometheus": "e.g. http://prometheus:9090 and http://alertmanager:9093.",
+        "monitoring.healthcheck_signals": "What the node health check (HealthCheckProgram) detects, "
+        f"any of {', '.join(healthcheck_signals())}.",
+        "safety.max_nodes": f"The nodes of {'reservation ' + resv.name + ' in ' if resv else ''}"
+        f"partition {part.name}.",
+    }
+    if resv:
+        users = ", ".join(resv.users) or "no user list"
+        notes["slurm.reservation"] = f"The maintenance reservation: {_hosts(resv.nodes)}, {users}."
+        if resv.users:
+            notes["safety.allowed_users"] = f"Reservation {resv.name} admits {', '.join(resv.users)}."
+    else:
+        found = ", ".join(facts.reservations) or "none"
+        notes["slurm.reservation"] = (
+            f"No reservation chosen (reservations: {found}); name the maintenance reservation here and "
+            "in safety.allowed_reservations, or run `site init --reservation NAME`."
+        )
+    return notes
+
+
+def build_site(facts: ClusterFacts, slurm_conf: str | None, reservation: str | None = None) -> Draft:
+    """The site config that describes `facts`; unknowns are `TODO: ...` values."""
+    resv = choose_reservation(facts, reservation)
+    part = choose_partition(facts, resv)
+    notes = _notes(facts, part, resv)
+    in_partitions = {n for p in facts.partitions.values() for n in p.nodes}
+    # The nodes experiments run on: the reservation's within the partition.
+    members = [n for n in part.nodes if not resv or n in resv.nodes] or list(part.nodes)
+    nodes = _nodes_section(facts, members, notes)
+    features = _features(facts, in_partitions)
+    data: dict[str, Any] = {
+        "cluster": facts.config.name or _todo("cluster name"),
+        "description": f"Written by `slurm-chaos site init` from Slurm {facts.version}.",
+        "slurm": _slurm_section(facts, slurm_conf, part, resv),
+        "partitions": {
+            p.name: {"nodes": _hosts(p.nodes), **({"default": True} if p.default else {})}
+            for p in facts.partitions.values()
+            if p.nodes
+        },
+        "racks": _racks(facts, in_partitions, notes),
+        **({"features": features} if features else {}),
+        "nodes": nodes,
+        **_unknowns(nodes["gpus_per_node"]),
+        "safety": _safety(part, resv, len(members)),
+    }
     return Draft(data, notes)
 
 
@@ -337,7 +349,7 @@ def _emit(data: Mapping[str, Any], key: tuple[str, ...], notes: Mapping[str, str
 def to_yaml(draft: Draft) -> str:
     """The draft as a commented YAML file; yaml.safe_load gives back draft.data."""
     header = HEADER.format(cluster=draft.data.get("cluster", "?"))
-    out = [f"# {line}" for line in header.splitlines()]
+    out = [f"# {line}" for line in header.splitlines()] + [""]
     _emit(draft.data, (), draft.notes, out)
     return "\n".join(out) + "\n"
 
