@@ -4,15 +4,29 @@ from __future__ import annotations
 
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 from slurm_chaos.slurm.cli_backend import SlurmCLI
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    Gres,
+    JobInfo,
+    JobState,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 __all__ = [
     "AcctRecord",
+    "ClusterConfig",
+    "Gres",
     "JobInfo",
     "JobState",
     "NodeInfo",
+    "PartitionInfo",
     "ReservationInfo",
     "Scheduler",
     "SlurmCLI",
+    "SwitchInfo",
     "make_scheduler",
 ]
