@@ -157,7 +157,10 @@ done
 
 echo "fresh-machine-check: running '$commands' in the fresh root (logs: $logs)"
 set +e
-unshare --pid --fork --mount --propagation private --uts --ipc chroot "$work" /root/fresh-run.sh
+# Signals at their defaults, as in a login shell: a background job (this script started with '&')
+# inherits SIGINT and SIGQUIT ignored, and Ctrl-C tests would then test nothing.
+env --default-signal unshare --pid --fork --mount --propagation private --uts --ipc \
+  chroot "$work" /root/fresh-run.sh
 set -e
 cp "$work"/root/log-*.txt "$logs/" 2>/dev/null || true
 cp -r "$work"/root/slurm-chaos/runs "$logs/" 2>/dev/null || true

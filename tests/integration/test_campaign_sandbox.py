@@ -66,8 +66,12 @@ def test_interrupted_campaign_rolls_back_and_resumes(sandbox, chaos_site: Path, 
     suite.write_text(f"name: short\nexperiments: [control-aa, {drain_file}]\n")
     out = tmp_path / "camp"
     before = _node_snapshot(sandbox.env)
+    # Ctrl-C as a user types it: SIGINT at its default disposition in the campaign, even where this
+    # test runs as a background job (which inherits SIGINT ignored).
     proc = subprocess.Popen(
         [
+            "env",
+            "--default-signal=INT",
             sys.executable,
             "-m",
             "slurm_chaos",
