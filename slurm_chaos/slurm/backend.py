@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_chaos.runner import Runner
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, NodeInfo, ReservationInfo
 
 
 class Scheduler(Protocol):
@@ -23,6 +23,11 @@ class Scheduler(Protocol):
 
     def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         """State of many jobs at once: live ones from the controller, finished ones from accounting."""
+        ...
+
+    def job_record(self, job_id: str) -> JobRecord:
+        """What the controller holds about one live job (user, account, partition, reservation,
+        oversubscription, array and het membership, admin comment); SlurmError if it has none."""
         ...
 
     def cancel(self, job_ids: Iterable[str]) -> None:

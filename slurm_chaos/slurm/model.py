@@ -118,6 +118,38 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class JobRecord:
+    """What the controller holds about a job that its user cannot change: the facts to authorise it.
+
+    `admin_comment` only an administrator (or slurmctld's job_submit plugin) can set. The
+    oversubscription words are Slurm's: the job's ``NO`` (submitted with --exclusive), ``OK``,
+    ``YES``, ``USER``, ``MCS``; the partition's ``NO``, ``EXCLUSIVE``, ``YES[:n]``, ``FORCE[:n]``.
+    """
+
+    job_id: str
+    user_id: int | None
+    user: str
+    account: str
+    partition: str
+    reservation: str
+    job_oversubscribe: str
+    partition_oversubscribe: str
+    array: bool
+    het: bool
+    num_nodes: int | None
+    nodes: tuple[str, ...]
+    admin_comment: str
+
+    @property
+    def exclusive(self) -> bool:
+        """No other job may share the job's nodes: --exclusive, or a partition that allocates whole
+        nodes; never on a FORCE partition, which oversubscribes whatever the job asked."""
+        if self.partition_oversubscribe.upper().startswith("FORCE"):
+            return False
+        return self.job_oversubscribe.upper() == "NO" or self.partition_oversubscribe.upper() == "EXCLUSIVE"
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """One node: its state words (e.g. {"IDLE", "DRAIN"}), why it is not usable, where it is."""
 

@@ -18,7 +18,7 @@ from typing import Any
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.slurm import parse
 from slurm_chaos.slurm.cli_backend import SlurmCLI
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobState, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, JobState, NodeInfo, ReservationInfo
 
 
 def load_pyslurm() -> ModuleType | None:
@@ -128,6 +128,9 @@ class PyslurmScheduler:
 
     def reservation(self, name: str) -> ReservationInfo:
         return self.cli.reservation(name)
+
+    def job_record(self, job_id: str) -> JobRecord:
+        return self.cli.job_record(job_id)
 
     def accounting(self, job_ids: Iterable[str]) -> list[AcctRecord]:
         return self.cli.accounting(job_ids)
