@@ -92,6 +92,8 @@ class Safety:
     allowed_accounts: tuple[str, ...] = ()
     allowed_reservations: tuple[str, ...] = ()
     require_exclusive: bool = True
+    allow_arrays: bool = False
+    allow_het_jobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,8 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         allowed_accounts=tuple(d["safety"].get("allowed_accounts", ())),
         allowed_reservations=tuple(d["safety"].get("allowed_reservations", ())),
         require_exclusive=d["safety"].get("require_exclusive", True),
+        allow_arrays=d["safety"].get("allow_arrays", False),
+        allow_het_jobs=d["safety"].get("allow_het_jobs", False),
     )
     for i, part in enumerate(safety.allowed_partitions):
         if part not in partitions:
