@@ -88,9 +88,18 @@ static struct spank_option chaos_options[] = {
 static int remote_parse_failed;
 static char remote_parse_err[ERR_MAX];
 
+/* A message quoting what a user typed: one log line, no terminal control sequences. */
+static void one_line(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
+			*s = '?';
+}
+
 static int accept_spec(const char *text, int remote)
 {
 	if (chaos_parse_spec(text, &spec, err, sizeof(err))) {
+		one_line(err);
 		/* In srun/sbatch slurm_error reaches the user's terminal: that is the refusal. */
 		slurm_error(PFX "%s", err);
 		have_spec = 0;
@@ -347,6 +356,7 @@ static int refuse(const struct step_ids *ids, const char *why)
 	if (snprintf(refusal, sizeof(refusal), "job %u.%s: refused --chaos%s%s: %s", ids->job, ids->step,
 		     have_spec ? "=" : "", have_spec ? spec_text : "", why) >= (int)sizeof(refusal))
 		refusal[sizeof(refusal) - 2] = '+';     /* truncated: say so, keep the start */
+	one_line(refusal);
 	slurm_error(PFX "%s", refusal);
 	refused = 1;
 	return -1;

@@ -409,6 +409,10 @@ def test_node_rechecks_a_spec_that_bypassed_srun(plugin: PluginSandbox) -> None:
     assert result.returncode != 0
     assert "SHOULD-NOT-RUN" not in result.stdout
     assert "refused --chaos: bad chaos SPEC 'bogus': unknown fault 'bogus'" in result.stderr
+    # What the user typed reaches the logs as one line, without control characters.
+    forged = {"_SLURM_SPANK_OPTION_slurm_chaos_chaos": "bo\ngus\x1b[2J"}
+    result = plugin.run(["srun", "-N1", "--exclusive", "true"], env=forged)
+    assert result.returncode != 0 and "bad chaos SPEC 'bo?gus?[2J'" in result.stderr
 
 
 def test_account_rule_refuses_on_the_node_and_inside_an_allocation(plugin: PluginSandbox) -> None:
