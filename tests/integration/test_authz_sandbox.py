@@ -372,6 +372,23 @@ def test_array_tasks_get_no_fault_unless_the_policy_allows_them(authz: Authz, un
         assert "tbf cafe:" in Path(str(out).replace("%a", str(task))).read_text()
 
 
+def test_het_job_components_get_no_fault_unless_the_policy_allows_them(
+    authz: Authz, unchanged: set[Path]
+) -> None:
+    het = ["-N1", "--exclusive", f"--chaos={SPEC}", ":", "-N1", "--exclusive"]
+    res, _, _ = batch(authz, "chaosok", *het)
+    assert res.returncode != 0 and "heterogeneous jobs may not inject faults" in res.stderr
+    assert_no_fault(authz, unchanged)
+    authz.set_policy(dataclasses.replace(authz.policy, allow_het_jobs=True))
+    out = authz.users["chaosok"].home / f"het-{uuid.uuid4().hex[:8]}.out"
+    res = authz.as_user(
+        "chaosok", "sbatch", "--wait", "--parsable", "-o", str(out), *het, "--wrap",
+        "srun --het-group=0,1 tc qdisc show dev eth0",
+    )  # fmt: skip
+    assert res.ok, res.stderr
+    assert out.read_text().count("tbf cafe:") == 2  # each component's node
+
+
 @pytest.mark.parametrize("bad", ["missing", "malformed", "not root's", "writable by others"])
 def test_a_bad_policy_refuses_every_fault(authz: Authz, unchanged: set[Path], bad: str) -> None:
     policy = authz.etc / POLICY_NAME
