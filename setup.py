@@ -13,7 +13,7 @@ SHIPPED = {
     "sbatch_templates": ["*.j2"],
     "site_configs": ["*.yaml", "alerts/*.yml"],
     "spank_plugin": ["Makefile", "README.md", "*.c", "*.h", "*.map", "*.sh", "*.py", "seeds/*"],
-    "preload": ["Makefile", "*.c", "*.sh"],
+    "preload": ["Makefile", "*.c", "*.h", "*.sh", "seeds/*"],
 }
 
 setup(

@@ -147,7 +147,9 @@ done
 EOF
 chmod +x "$work/root/fresh-run.sh"
 
-# /dev and /sys as the machine has them; /proc, /run and /tmp are the root's own (set up inside).
+# The root is a mount point, as / is on a machine (`ip -n` remounts / as a slave); /dev and /sys as
+# the machine has them; /proc, /run and /tmp are the root's own (set up inside).
+mount --rbind "$work" "$work" && mounted+=("$work")
 for d in dev sys; do
   mount --rbind "/$d" "$work/$d" && mounted+=("$work/$d")
   mount --make-rslave "$work/$d"

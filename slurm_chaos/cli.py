@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -111,6 +112,75 @@ def _render(args: argparse.Namespace) -> int:
     for job in render_experiment(site, experiment, Path(args.out), run_id=args.run_id or "dry-run"):
         print(f"{job.role:<9} {job.script}")
     return 0
+
+
+def _site_init(args: argparse.Namespace) -> int:
+    from slurm_chaos.onboard import init_from_slurm, refuse_overwrite, to_yaml, write_site
+    from slurm_chaos.runner import SubprocessRunner
+
+    out = Path(args.out) if args.out else None
+    if out:
+        refuse_overwrite(out, args.force)
+    draft = init_from_slurm(os.environ, SubprocessRunner(), args.reservation)
+    text = to_yaml(draft)
+    if out is None:
+        print(text, end="")
+        return 0
+    write_site(out, text, args.force)
+    print(f"wrote {out}: {len(draft.todos)} TODO entries to fill in (slurm-chaos site check {out})")
+    return 0
+
+
+def _site_check(args: argparse.Namespace) -> int:
+    from slurm_chaos.site import load_site
+
+    site = load_site(args.site)
+    resv = f", reservation {site.slurm.reservation}" if site.slurm.reservation else ""
+    print(
+        f"{site.path}: cluster {site.cluster}, partition {site.slurm.partition} "
+        f"({len(site.partition_nodes)} nodes){resv}, {len(site.racks)} racks: complete"
+    )
+    return 0
+
+
+SITE_INIT_HELP = """\
+Write a site config from what Slurm reports: the cluster name, partitions, the nodes' CPUs,
+sockets (as NUMA nodes) and GPUs with the sockets gres.conf binds them to, one rack per leaf
+switch of topology.conf, node features, and the maintenance reservation (--reservation, or the
+only one there is). What Slurm cannot tell (checkpoint path, monitoring URLs, health-check
+detectors, allowed users, the probe's Python) is written as "TODO: ..." values: every command
+that reads the file refuses it, naming each TODO key, until they are filled in.
+
+Slurm is the one SLURM_CONF points at (or Slurm's default).
+Exit codes: 0 written, 1 Slurm failed or did not answer, 2 bad option (--out exists, unknown
+reservation).
+
+example:
+  slurm-chaos site init --reservation maint_window --out site.yaml
+  $EDITOR site.yaml && slurm-chaos site check site.yaml
+"""
+
+
+def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("site", help="onboard a cluster: write a site config from Slurm, check one")
+    ss = p.add_subparsers(dest="site_cmd", required=True, metavar="{init,check}")
+    q = ss.add_parser(
+        "init",
+        help="write a site config from what Slurm reports; unknowns become TODO entries",
+        description=SITE_INIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
+    q.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    q.add_argument(
+        "--reservation", metavar="NAME", help="the maintenance reservation (default: the only one there is)"
+    )
+    q.set_defaults(handler=_site_init)
+    q = ss.add_parser(
+        "check", help="validate a site config (TODO entries left included); exit 2 names the key"
+    )
+    q.add_argument("site", metavar="SITE", type=site_config, help=SITE_HELP)
+    q.set_defaults(handler=_site_check)
 
 
 def _experiments(args: argparse.Namespace) -> int:
@@ -416,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sandbox(sub)
+    _add_site(sub)
     _add_common(sub)
     _add_campaign(sub)
     return parser

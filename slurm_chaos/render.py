@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,23 @@ def check_limits(site: Site, experiment: Experiment) -> None:
             f"experiment {experiment.name} asks for {experiment.nodes} nodes; partition "
             f"{site.slurm.partition} has {len(site.partition_nodes)}"
         )
+    unknown = unknown_features(experiment.constraint or "", site.features)
+    if unknown:
+        raise UsageError(
+            f"experiment {experiment.name}: constraint {experiment.constraint!r} names features no node "
+            f"has: {', '.join(unknown)} ({site.path}: features: {', '.join(site.features)})"
+        )
+
+
+def unknown_features(constraint: str, features: Mapping[str, object]) -> list[str]:
+    """Feature names of an sbatch --constraint (`a&b`, `[a|b]`, `a*2`) the site does not list.
+
+    A site that lists no features is not checked.
+    """
+    if not features:
+        return []
+    names = re.findall(r"[A-Za-z_][\w.-]*", re.sub(r"\*\d+", "", constraint))
+    return sorted(set(names) - set(features))
 
 
 def checkpoint_dir(site: Site, experiment: Experiment, role: str, run_id: str) -> Path:

@@ -1,6 +1,8 @@
 """Site configuration: a YAML file describing one cluster, validated against a JSON schema.
 
-Errors name the file, the key (as a dotted path) and what was expected, and exit 2.
+Errors name the file, the key (as a dotted path) and what was expected, and exit 2. A value that
+is still a `TODO: ...` string (as `slurm-chaos site init` leaves what Slurm cannot tell) is an
+error too, with every such key listed.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import yaml
 
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.hostlist import expand_hostlist
+from slurm_chaos.paths import path_problem
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "site.schema.json"
+# A value someone still has to fill in; what follows says what.
+TODO = "TODO:"
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class Safety:
     allowed_accounts: tuple[str, ...] = ()
     allowed_reservations: tuple[str, ...] = ()
     require_exclusive: bool = True
+    #: Directories under which node-side faults may act on a path the job names (ckpt-full).
+    allowed_checkpoint_roots: tuple[str, ...] = ()
     allow_arrays: bool = False
     allow_het_jobs: bool = False
 
@@ -111,6 +118,7 @@ class Site:
     probe: ProbeOptions = field(default_factory=ProbeOptions)
     nccl_env: dict[str, str] = field(default_factory=dict)
     monitoring: Monitoring = field(default_factory=Monitoring)
+    features: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sandbox: str | None = None
     description: str = ""
 
@@ -130,6 +138,12 @@ class Site:
 def _schema() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
     return data
+
+
+def healthcheck_signals() -> tuple[str, ...]:
+    """The detectors a site's health check may declare (monitoring.healthcheck_signals)."""
+    items = _schema()["properties"]["monitoring"]["properties"]["healthcheck_signals"]["items"]
+    return tuple(items["enum"])
 
 
 def _key(path: Any) -> str:
@@ -152,6 +166,27 @@ def _describe(err: jsonschema.ValidationError) -> tuple[str, str]:
     if err.validator == "enum":
         return key, f"expected one of {err.validator_value}, got {err.instance!r}"
     return key, err.message
+
+
+def todo_entries(data: Any, key: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(dotted key, what to fill in) of every value that is still a `TODO: ...` string."""
+    if isinstance(data, str):
+        return [(".".join(key), data[len(TODO) :].strip())] if data.startswith(TODO) else []
+    if isinstance(data, dict):
+        return [t for k, v in data.items() for t in todo_entries(v, (*key, str(k)))]
+    if isinstance(data, list):
+        return [t for i, v in enumerate(data) for t in todo_entries(v, (*key, str(i)))]
+    return []
+
+
+def _check_filled_in(path: Path, data: dict[str, Any]) -> None:
+    todos = todo_entries(data)
+    if not todos:
+        return
+    (key, what), rest = todos[0], todos[1:]
+    more = "".join(f"\n  {path}: {k}: TODO: {w}" for k, w in rest)
+    also = f"; {len(rest)} more TODO entr{'y' if len(rest) == 1 else 'ies'}:" if rest else ""
+    raise ConfigError(str(path), key, f"still TODO: {what}{also}{more}")
 
 
 def _substitute(raw: str, path: Path, sandbox: str | None) -> str:
@@ -215,6 +250,7 @@ def load_site(path: Path | str) -> Site:
         raise ConfigError(str(path), "", f"malformed YAML: {where}{getattr(exc, 'problem', exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", "expected a mapping at the top level")
+    _check_filled_in(path, data)
     validator = jsonschema.Draft202012Validator(_schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: (len(e.absolute_path), _key(e.absolute_path)))
     if errors:
@@ -228,6 +264,23 @@ def _nodes(path: Path, key: str, expr: str) -> tuple[str, ...]:
         return tuple(expand_hostlist(expr))
     except ValueError as exc:
         raise ConfigError(str(path), key, f"bad node list {expr!r}: {exc}") from exc
+
+
+def _checkpoint_roots(path: Path, d: dict[str, Any]) -> tuple[str, ...]:
+    """safety.allowed_checkpoint_roots, else the checkpoint path; each a canonical absolute path."""
+    given = d["safety"].get("allowed_checkpoint_roots")
+    if given is None:
+        keyed = [("checkpoint.path", d["checkpoint"]["path"])]
+    else:
+        keyed = [(f"safety.allowed_checkpoint_roots.{i}", root) for i, root in enumerate(given)]
+    for key, root in keyed:
+        problem = path_problem(root)
+        if problem:
+            what = "" if given is not None else " (the default of safety.allowed_checkpoint_roots)"
+            raise ConfigError(
+                str(path), key, f"{root!r}{what} {problem}: a canonical absolute path is needed"
+            )
+    return tuple(root for _, root in keyed)
 
 
 def _build(path: Path, d: dict[str, Any]) -> Site:
@@ -250,6 +303,11 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         stray = sorted(set(rack.nodes) - all_nodes)
         if stray:
             raise ConfigError(str(path), f"racks.{rack.name}.nodes", f"nodes {stray} are in no partition")
+    features = {name: _nodes(path, f"features.{name}", expr) for name, expr in d.get("features", {}).items()}
+    for name, members in features.items():
+        stray = sorted(set(members) - all_nodes)
+        if stray:
+            raise ConfigError(str(path), f"features.{name}", f"nodes {stray} are in no partition")
     safety = Safety(
         allowed_partitions=tuple(d["safety"]["allowed_partitions"]),
         max_nodes=d["safety"]["max_nodes"],
@@ -257,6 +315,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         allowed_accounts=tuple(d["safety"].get("allowed_accounts", ())),
         allowed_reservations=tuple(d["safety"].get("allowed_reservations", ())),
         require_exclusive=d["safety"].get("require_exclusive", True),
+        allowed_checkpoint_roots=_checkpoint_roots(path, d),
         allow_arrays=d["safety"].get("allow_arrays", False),
         allow_het_jobs=d["safety"].get("allow_het_jobs", False),
     )
@@ -297,6 +356,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         slurm=slurm,
         partitions=partitions,
         racks=racks,
+        features=features,
         nodes=nodes,
         checkpoint=Checkpoint(**d["checkpoint"]),
         safety=safety,

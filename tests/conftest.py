@@ -76,3 +76,80 @@ def chaos_site(sandbox: SandboxHandle) -> Path:
     prefix = sandbox.shared_dir.parent / "prefix"
     assert main(["plugin", "install", "--site", str(site), "--prefix", str(prefix)]) == 0
     return site
+
+
+@dataclass(frozen=True)
+class SandboxUser:
+    """An unprivileged user of the sandbox, with a directory of their own on its shared filesystem."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def argv(self, *command: str, env: dict[str, str] | None = None) -> list[str]:
+        """`command` run as this user (with `env` set), for a runner that runs as root."""
+        pairs = [f"{k}={v}" for k, v in (env or {}).items()]
+        return ["runuser", "-u", self.name, "--", "env", *pairs, *command]
+
+
+#: chaosok is on safety.allowed_users of site_configs/sandbox.yaml; chaosno is on no allowlist.
+SANDBOX_USERS = ("chaosok", "chaosno")
+
+
+def _ensure_user(name: str) -> None:
+    import pwd
+    import subprocess
+
+    try:
+        pwd.getpwnam(name)
+        return
+    except KeyError:
+        pass
+    done = subprocess.run(
+        ["useradd", "-M", "-s", "/bin/sh", name], capture_output=True, text=True, timeout=30
+    )
+    try:
+        pwd.getpwnam(name)  # another session may have created it first
+    except KeyError:
+        pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
+
+
+@pytest.fixture(scope="session")
+def sandbox_users(sandbox: SandboxHandle) -> dict[str, SandboxUser]:
+    """The test users (created once, idempotently, and left in place), allowed into the sandbox's
+    reservation, each with ``<shared>/users/<name>`` of their own. The checkpoint root
+    (``<shared>/checkpoints``) is world-writable and sticky, like a scratch filesystem."""
+    import pwd
+    import subprocess
+
+    users = {}
+    for name in SANDBOX_USERS:
+        _ensure_user(name)
+        pw = pwd.getpwnam(name)
+        home = sandbox.shared_dir / "users" / name
+        home.mkdir(parents=True, exist_ok=True)
+        os.chown(home, pw.pw_uid, pw.pw_gid)
+        users[name] = SandboxUser(name, pw.pw_uid, pw.pw_gid, home)
+    show = subprocess.run(
+        ["scontrol", "-o", "show", "reservation", sandbox.reservation],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=sandbox.env,
+    )
+    listed = next((w.split("=", 1)[1].split(",") for w in show.stdout.split() if w.startswith("Users=")), [])
+    missing = [n for n in SANDBOX_USERS if n not in listed]
+    if missing:
+        update = [
+            "scontrol",
+            "update",
+            f"ReservationName={sandbox.reservation}",
+            f"Users+={','.join(missing)}",
+        ]
+        done = subprocess.run(update, capture_output=True, text=True, timeout=30, env=sandbox.env)
+        assert done.returncode == 0, done.stderr
+    checkpoints = sandbox.shared_dir / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    checkpoints.chmod(0o1777)
+    return users

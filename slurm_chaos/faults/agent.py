@@ -326,6 +326,7 @@ def apply(
     gid: int | None = None,
     log_file: Path | None = None,
     foreground: bool = False,
+    ckpt_roots: Sequence[str] = (),
 ) -> ApplyResult:
     """Apply the node-level faults of `spec` for one job on this node (see the module docstring)."""
     requests, others = node_requests(spec)
@@ -338,7 +339,16 @@ def apply(
         return ApplyResult((), tuple(others), None, why_not)
     now = time.time()
     ctx = JobContext(
-        job_id, node, tuple(nodes), uid, gid, now + deadline_s, journal, runner, log_file=log_file
+        job_id,
+        node,
+        tuple(nodes),
+        uid,
+        gid,
+        now + deadline_s,
+        journal,
+        runner,
+        log_file=log_file,
+        ckpt_roots=tuple(ckpt_roots),
     )
     slurmd = node_proc.find_ancestor(os.getpid(), "slurmd") or os.getpid()
     journal.write_header(ctx.deadline, slurmd)
@@ -417,6 +427,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--uid", type=int, default=None)
     a.add_argument("--gid", type=int, default=None)
     a.add_argument("--foreground", action="store_true", help="run the controller loop here, do not detach")
+    a.add_argument(
+        "--ckpt-root",
+        action="append",
+        default=[],
+        help="an allowed checkpoint root: ckpt-full acts only below one (repeatable; none: it refuses)",
+    )
     u = sub.add_parser("undo", help="stop the job's agent and revert its journal on this node")
     u.add_argument("--job", required=True)
     u.add_argument("--node", required=True)
@@ -454,6 +470,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
                 gid=args.gid,
                 log_file=args.log_file,
                 foreground=args.foreground,
+                ckpt_roots=args.ckpt_root,
             )
             log.info(
                 "job %s on %s: applied [%s], failed [%s], left to others [%s], agent %s %s",

@@ -20,6 +20,7 @@ import shlex
 import shutil
 import stat
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_chaos.errors import ConfigError
@@ -58,7 +59,7 @@ export PATH
 {guard}
 {timeout_bin} -k 5 {timeout} {python} -I -c {bootstrap} {kind} \\
   --journal-root {journal_root} --log-file {log_file} --deadline {deadline} \\
-  --policy {policy} --audit-log {audit_log}
+  --policy {policy} --audit-log {audit_log}{roots_arg}
 rc=$?
 if [ "$rc" -ne 0 ]; then
   msg="slurm-chaos: {kind} hook exited $rc for job ${{SLURM_JOB_ID:-?}} on ${{SLURMD_NODENAME:-?}}"
@@ -89,6 +90,7 @@ def render_hook(
     audit_log: Path,
     deadline_s: float,
     timeout_s: int,
+    ckpt_roots: Sequence[str] = (),
 ) -> str:
     """Text of one hook script (kind: prolog or epilog)."""
     q = shlex.quote
@@ -108,6 +110,7 @@ def render_hook(
         deadline=f"{deadline_s:g}",
         policy=q(str(policy)),
         audit_log=q(str(audit_log)),
+        roots_arg="".join(f" --ckpt-root {q(root)}" for root in ckpt_roots) if kind == "prolog" else "",
     )
 
 
@@ -137,11 +140,13 @@ def install_hooks(
     audit_log: Path = DEFAULT_AUDIT_LOG,
     deadline_s: float = DEFAULT_DEADLINE_S,
     timeout_s: int = DEFAULT_TIMEOUT_S,
+    ckpt_roots: Sequence[str] = (),
 ) -> list[Path]:
     """Write ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos`` under `hooks_dir`; returns them.
 
     `policy`: the policy file (default: ``<hooks_dir>/slurm-chaos-policy.toml``, beside slurm.conf).
-    `deadline_s`: the watchdog's bound when the job's time limit is unknown. ConfigError when the
+    `deadline_s`: the watchdog's bound when the job's time limit is unknown. `ckpt_roots`: the
+    site's allowed checkpoint roots (none: ckpt-full refuses every path). ConfigError when the
     code the hooks would run as root is not root's alone.
     """
     root = import_root()
@@ -155,7 +160,9 @@ def install_hooks(
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
         tmp.unlink(missing_ok=True)
-        text = render_hook(kind, python, journal_root, log_file, policy, audit_log, deadline_s, timeout_s)
+        text = render_hook(
+            kind, python, journal_root, log_file, policy, audit_log, deadline_s, timeout_s, ckpt_roots
+        )
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.rename(path)  # atomic: slurmd never runs a half-written hook
@@ -209,4 +216,5 @@ def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> l
         log_file=log_file,
         policy=site_policy_path(site),
         audit_log=site_audit_log(site),
+        ckpt_roots=site.safety.allowed_checkpoint_roots,
     )

@@ -73,6 +73,8 @@ class JobContext:
     runner: Runner
     spawner: Spawner = popen_spawner
     log_file: Path | None = None
+    #: The site's allowed checkpoint roots: the only places a fault acts on a path the job names.
+    ckpt_roots: tuple[str, ...] = ()
 
     def marker(self, fault: str) -> str:
         return f"{self.node}:{self.job_id}:{fault}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -161,8 +162,48 @@ def _same_host(pid_dir: Path, mine: tuple[str, str] | None) -> bool:
     return mine is None or theirs is None or theirs[0] == mine[0] or theirs[1] == mine[1]
 
 
+STEPD_RE = re.compile(r"slurmstepd: \[(\d+)\.([A-Za-z0-9_]+)\]")
+#: How far up a task's parents slurmstepd may be (a task, its shell, a launcher, the program).
+MAX_DEPTH = 16
+
+
+def _ppid(pid_dir: Path) -> int | None:
+    try:
+        return int((pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _root_stepd(pid_dir: Path) -> tuple[str, str] | None:
+    """(job, step) of a slurmstepd running as root (every uid 0: a user's process may take the name)."""
+    try:
+        title = (pid_dir / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        status = (pid_dir / "status").read_text()
+    except OSError:
+        return None
+    m = STEPD_RE.fullmatch(title.strip())
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+    return (m.group(1), m.group(2)) if m and uids and all(u == "0" for u in uids) else None
+
+
+def step_of(pid_dir: Path, proc: Path) -> tuple[str, str] | None:
+    """The job step a process belongs to, as Slurm says it (its nearest slurmstepd parent's title),
+    not as its environment says: anyone can write SLURM_JOB_ID into an environment."""
+    here: Path | None = pid_dir
+    for _ in range(MAX_DEPTH):
+        ppid = _ppid(here) if here is not None else None
+        if ppid is None or ppid <= 1:
+            return None
+        here = proc / str(ppid)
+        step = _root_stepd(here)
+        if step is not None:
+            return step
+    return None
+
+
 def scan_tasks(node: str, proc: Path = Path("/proc")) -> list[Task]:
-    """Task processes of Slurm steps on `node`: those whose environment names a step and a rank.
+    """Task processes of Slurm steps on `node`: those whose environment names a step and a rank,
+    and whose slurmstepd parent runs that very step.
 
     Processes of other nodes are skipped by their SLURMD_NODENAME and their namespaces; of the
     processes of one task, the lowest PID (the task itself) is kept.
@@ -174,6 +215,8 @@ def scan_tasks(node: str, proc: Path = Path("/proc")) -> list[Task]:
         if env is None or "SLURM_STEP_ID" not in env or env.get("SLURMD_NODENAME", node) != node:
             continue
         if not _same_host(pid_dir, mine):
+            continue
+        if step_of(pid_dir, proc) != (env.get("SLURM_JOB_ID"), env["SLURM_STEP_ID"]):
             continue
         procid, cpus = _int(env.get("SLURM_PROCID")), _cpus_allowed(pid_dir)
         if procid is None or cpus is None or env["SLURM_STEP_ID"] in ("batch", "extern", "interactive"):
@@ -277,15 +320,28 @@ def check_numa(
 # ---------------------------------------------------------------- checkpoint storage
 
 
-def _write_probe(directory: Path, name: str) -> None:
-    path = directory / name
+PROBE_PREFIX = ".slurm-chaos-health."
+
+
+def _write_probe(directory: Path, prefix: str) -> None:
+    """Write and fsync 4 KiB in a file of our own making in `directory`, then remove it.
+
+    Users may write in the checkpoint directory: the name is random and the file is created with
+    O_EXCL|O_NOFOLLOW relative to the directory, so no file or link of theirs is ever written through.
+    """
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with open(path, "wb") as fh:
-            fh.write(b"\0" * 4096)
-            fh.flush()
-            os.fsync(fh.fileno())
+        name = f"{prefix}{secrets.token_hex(8)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        try:
+            os.write(fd, b"\0" * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(name, dir_fd=dir_fd)
     finally:
-        path.unlink(missing_ok=True)
+        os.close(dir_fd)
 
 
 def _timed_write(directory: Path, name: str, timeout: float) -> str | None:
@@ -340,7 +396,7 @@ def check_checkpoint(
             CRITICAL,
             f"{directory}: {free_mb:.1f} MiB free (< {th.checkpoint_min_free_mb:g} MiB)",
         )
-    problem = _timed_write(directory, f".slurm-chaos-health.{node}.{os.getpid()}", th.checkpoint_timeout_s)
+    problem = _timed_write(directory, f"{PROBE_PREFIX}{node}.", th.checkpoint_timeout_s)
     if problem:
         return Result("checkpoint", CRITICAL, problem)
     return Result("checkpoint", OK, f"{directory}: {free_mb:.0f} MiB free, writable")

@@ -5,6 +5,11 @@ the heartbeat files and the health check's state files say right now: per rank s
 communication time, its straggler ratio, checkpoint failures and NUMA mismatch; per node the
 result of each check. Stale heartbeats (ranks that ended) are left out, so alerts resolve.
 
+Each file is read on its own: one that is malformed or not trusted (see heartbeat.py; a state
+file must be its directory owner's, in a directory no one else writes) is skipped and counted in
+``slurm_chaos_exporter_rejected_files``, never fatal to the scrape. A scrape that fails all the
+same, or an exporter that is down, fires ChaosExporterDown (site_configs/alerts).
+
 Only the signals the site's health-check config enables are exported: a monitoring set-up that
 leaves a signal out must stay blind to it, alerts included (that is how a blind spot is shown).
 """
@@ -14,7 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
+import re
 import signal
+import stat
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -29,7 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, WARNING, Thresholds
 from slurm_chaos.observe.healthcheck import Options, load_config
-from slurm_chaos.observe.heartbeat import Beat, read_heartbeats, straggler_ratio
+from slurm_chaos.observe.heartbeat import Beat, scan_heartbeats, straggler_ratio
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +126,70 @@ def probe_metrics(
     return out
 
 
-def _read_state(path: Path) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class NodeState:
+    """One node's last health-check run, as its state file says."""
+
+    node: str
+    time: float
+    results: tuple[tuple[str, int], ...]
+
+
+def parse_state(text: str, stem: str) -> NodeState | str:
+    """A state file's text, or why it is not one; its node must be the file's own name."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        data = json.loads(text)
+        node, when = str(data["node"]), float(data["time"])
+        results = tuple((str(r["check"]), int(r.get("status", OK))) for r in data.get("results", []))
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
+        return "malformed"
+    if node != stem or not math.isfinite(when):
+        return f"says node {node!r} at {when}"
+    return NodeState(node, when, results)
 
 
-def health_metrics(state_dir: Path, signals: frozenset[str], now: float) -> list[GaugeMetricFamily]:
+def read_states(state_dir: Path) -> tuple[list[NodeState], list[str]]:
+    """Every node's state file the health check wrote (its directory's owner's), and what was skipped."""
+    try:
+        dir_fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return [], []
+    states: list[NodeState] = []
+    rejected: list[str] = []
+    try:
+        top = os.fstat(dir_fd)
+        if top.st_mode & 0o022:
+            return [], [f"{state_dir}: writable by others: no state trusted"]
+        for name in sorted(os.listdir(dir_fd)):
+            m = re.fullmatch(r"([^.].*)\.json", name)
+            if not m:
+                continue
+            found = _read_state(dir_fd, name, m.group(1), top.st_uid)
+            if isinstance(found, NodeState):
+                states.append(found)
+            else:
+                rejected.append(f"{name}: {found}")
+    finally:
+        os.close(dir_fd)
+    return states, rejected
+
+
+def _read_state(dir_fd: int, name: str, stem: str, owner: int) -> NodeState | str:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_size > 1 << 20:
+            return "not a regular file of the state directory's owner"
+        text = os.read(fd, st.st_size + 1).decode(errors="replace")
+    finally:
+        os.close(fd)
+    return parse_state(text, stem)
+
+
+def health_metrics(states: list[NodeState], signals: frozenset[str], now: float) -> list[GaugeMetricFamily]:
     """Per node and check: the health check's last result (1 ok / 0 failed) and its Nagios status."""
     ok = _gauge(
         "slurm_chaos_health_check_ok",
@@ -138,18 +202,28 @@ def health_metrics(state_dir: Path, signals: frozenset[str], now: float) -> list
     age = _gauge(
         "slurm_chaos_health_check_age_seconds", "Seconds since the node's last health check", ["node"]
     )
-    for path in sorted(state_dir.glob("[!.]*.json")) if state_dir.is_dir() else []:
-        state = _read_state(path)
-        if state is None or now - float(state.get("time", 0)) > HEALTH_STALE_S:
+    for state in states:
+        # A time ahead of now is clamped: it must not keep a result fresh for ever.
+        when = min(state.time, now)
+        if now - when > HEALTH_STALE_S:
             continue
-        node = str(state.get("node", path.stem))
-        age.add_metric([node], now - float(state["time"]))
-        for r in state.get("results", []):
-            if isinstance(r, dict) and r.get("check") in signals:
-                code = int(r.get("status", OK))
-                ok.add_metric([node, str(r["check"])], 0.0 if code == CRITICAL else 1.0)
-                status.add_metric([node, str(r["check"])], code if code in (OK, WARNING, CRITICAL) else 3)
+        age.add_metric([state.node], now - when)
+        for check, code in state.results:
+            if check in signals:
+                ok.add_metric([state.node, check], 0.0 if code == CRITICAL else 1.0)
+                status.add_metric([state.node, check], code if code in (OK, WARNING, CRITICAL) else 3)
     return [ok, status, age]
+
+
+def rejected_metric(heartbeats: int, states: int) -> GaugeMetricFamily:
+    gauge = _gauge(
+        "slurm_chaos_exporter_rejected_files",
+        "Input files skipped on this scrape as malformed or not trusted",
+        ["kind"],
+    )
+    gauge.add_metric(["heartbeat"], heartbeats)
+    gauge.add_metric(["health"], states)
+    return gauge
 
 
 class ChaosCollector(Collector):
@@ -168,9 +242,13 @@ class ChaosCollector(Collector):
         for name in SIGNALS:
             enabled.add_metric([name], 1.0 if name in opts.signals else 0.0)
         yield enabled
-        beats = read_heartbeats(self.sources.heartbeats)
-        yield from probe_metrics(beats, opts.signals, opts.thresholds, now)
-        yield from health_metrics(self.sources.state_dir, opts.signals, now)
+        scan = scan_heartbeats(self.sources.heartbeats)
+        yield from probe_metrics(list(scan.beats), opts.signals, opts.thresholds, now)
+        states, bad_states = read_states(self.sources.state_dir)
+        yield from health_metrics(states, opts.signals, now)
+        for line in (*scan.rejected, *bad_states):
+            log.debug("skipped %s", line)
+        yield rejected_metric(len(scan.rejected), len(bad_states))
 
 
 def _parser() -> argparse.ArgumentParser:

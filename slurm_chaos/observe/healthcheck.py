@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
@@ -34,6 +33,9 @@ if TYPE_CHECKING:
 REASON_PREFIX = "slurm-chaos-health:"
 CONFIG_NAME = "slurm-chaos-health.toml"
 HOOK_NAME = "50-slurm-chaos"
+#: Before the fault hooks (50-slurm-chaos): the job's heartbeat directory.
+HEARTBEAT_HOOK_NAME = "40-slurm-chaos-heartbeat"
+HEARTBEAT_HOOK_TIMEOUT_S = 20
 SCONTROL_TIMEOUT_S = 10
 REASON_MAX = 200
 
@@ -353,14 +355,45 @@ def site_options(site: Site, heartbeats: Path | None = None, states: Path | None
     )
 
 
-def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = None) -> Path:
-    """Write `hooks_dir/healthcheck.d/50-slurm-chaos` (and its config) with the site's enabled signals.
-
-    The hook runs this module with the interpreter and source tree installing it, so it works from
-    a checkout as well as from an installed package. Returns the hook's path.
-    """
+def _python_env() -> str:
+    """The lines that make a hook run this module with the interpreter and source tree installing it."""
     from slurm_chaos.resources import import_root
 
+    src = import_root()
+    return f'export PYTHONPATH={shlex.quote(str(src))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+
+
+def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
+    """Write ``prolog.d/`` and ``epilog.d/40-slurm-chaos-heartbeat``: every job gets its own heartbeat
+    directory (``<heartbeats>/<node>/<job>``, its user's) at its start and loses it at its end.
+
+    They run for every job, so they are short and bounded, and exit 0 whatever happens."""
+    written = []
+    for kind in ("prolog", "epilog"):
+        hook = hooks_dir / f"{kind}.d" / HEARTBEAT_HOOK_NAME
+        hook.parent.mkdir(parents=True, exist_ok=True)
+        text = (
+            "#!/bin/sh\n"
+            f"# slurm-chaos: the job's heartbeat directory ({kind}); "
+            "written by slurm-chaos, edits are overwritten.\n"
+            f"{_python_env()}"
+            f"timeout -k 5 {HEARTBEAT_HOOK_TIMEOUT_S} {shlex.quote(sys.executable)}"
+            f" -m slurm_chaos.observe.heartbeat {kind} --dir {shlex.quote(str(heartbeats))}"
+            f' || echo "slurm-chaos: heartbeat {kind} hook exited $? for job ${{SLURM_JOB_ID:-?}}" >&2\n'
+            "exit 0\n"
+        )
+        write_atomic(hook, text, mode=0o755)
+        written.append(hook)
+    return written
+
+
+def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = None) -> Path:
+    """Write `hooks_dir/healthcheck.d/50-slurm-chaos` (and its config) with the site's enabled signals,
+    and the prolog/epilog hooks that give each job its heartbeat directory.
+
+    The hooks run this module with the interpreter and source tree installing it, so they work from
+    a checkout as well as from an installed package. Returns the health check hook's path.
+    """
     opts = site_options(site, heartbeats)
     config = hooks_dir / CONFIG_NAME
     comment = (
@@ -370,19 +403,18 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
     write_atomic(config, render_config(opts, comment))
     hook = hooks_dir / "healthcheck.d" / HOOK_NAME
     hook.parent.mkdir(parents=True, exist_ok=True)
-    src = import_root()
     env = f"export SLURM_CONF={shlex.quote(site.slurm.conf)}\n" if site.slurm.conf else ""
     hook_text = (
         "#!/bin/sh\n"
         f"# slurm-chaos health check (signals: {', '.join(sorted(opts.signals)) or 'none'}); "
         "written by slurm-chaos, edits are overwritten.\n"
         f"{env}"
-        f'export PYTHONPATH={shlex.quote(str(src))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        f"{_python_env()}"
         f"exec {shlex.quote(sys.executable)} -m slurm_chaos.observe.healthcheck"
         f' --config {shlex.quote(str(config))} "$@"\n'
     )
-    write_atomic(hook, hook_text)
-    os.chmod(hook, 0o755)  # noqa: S103 - slurmd runs it; nothing secret in it
+    write_atomic(hook, hook_text, mode=0o755)
+    install_heartbeat_hooks(hooks_dir, opts.heartbeats)
     return hook
 
 

@@ -1,21 +1,34 @@
 """Per-rank heartbeat files: the probe's latest step times, for the health check and the exporter.
 
-Each rank atomically rewrites one small JSON file ``<directory>/<job_id>.<rank>.json`` at most about
-once a second. The directory is node-local on a real cluster (only the node's own ranks are seen);
-in the sandbox every node shares the host filesystem, so each file names its host and readers pick
-the ranks of their node by that name.
+Each rank atomically rewrites one small JSON file ``<directory>/<node>/<job_id>/<job_id>.<rank>.json``
+at most about once a second. ``<directory>`` is node-local on a real cluster; in the sandbox every
+node shares the host filesystem, hence the node level.
+
+Only root writes ``<directory>`` and its node directories (mode 0755): the prolog
+(``python -m slurm_chaos.observe.heartbeat prolog``) makes the job's own directory there and gives
+it to the job's user, and the epilog removes it. Readers trust a file only as far as that layout
+vouches for it: its owner is the job directory's (the job's user), its job is the directory's job,
+its host is the directory's node, and its time is never later than the file's last change (ctime,
+which no user can set). Every file is read on its own: one bad file is skipped, never fatal.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import math
 import os
+import re
+import shutil
 import socket
+import stat
+import sys
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -28,6 +41,10 @@ WINDOW = 20
 MIN_INTERVAL_S = 1.0
 # A heartbeat older than this belongs to a rank that ended, hangs or is stopped.
 STALE_AFTER_S = 20.0
+#: Node and job names as directory names: no '/', never '.' or '..'.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+MAX_FILE_BYTES = 64 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def heartbeat_dir(directory: Path | str | None = None) -> Path:
@@ -35,6 +52,11 @@ def heartbeat_dir(directory: Path | str | None = None) -> Path:
     if directory:
         return Path(directory)
     return Path(os.environ.get(ENV_DIR) or DEFAULT_DIR)
+
+
+def job_dir(directory: Path | str | None, node: str, job_id: str) -> Path:
+    """The job's own heartbeat directory on `node`."""
+    return heartbeat_dir(directory) / node / str(job_id)
 
 
 def this_node() -> str:
@@ -86,7 +108,7 @@ class Heartbeat:
         min_interval: float = MIN_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.directory = heartbeat_dir(directory)
+        self.directory = job_dir(directory, host, str(job_id))
         self.path = self.directory / f"{job_id}.{rank}.json"
         self.job_id, self.rank, self.host, self.world_size = str(job_id), rank, host, world_size
         self.mode = mode
@@ -144,25 +166,26 @@ class Heartbeat:
             pass
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary name and rename over `path`, so readers never see half a file."""
-    if not path.parent.is_dir():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            # Jobs of every user write here, like /tmp; whoever created it may set that.
-            os.chmod(path.parent, 0o1777)  # noqa: S103 - sticky, like /tmp
-        except PermissionError:
-            pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write to a fresh temporary file (O_EXCL|O_NOFOLLOW) and rename it over `path`: readers never
+    see half a file, and no one can plant a link under the temporary name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def parse_beat(text: str) -> Beat | None:
-    """One heartbeat file's text, or None when it is not one (a foreign or older file)."""
+    """One heartbeat file's text, or None when it is not one (a foreign, older or malformed file)."""
     try:
         data = json.loads(text)
-        return Beat(
+        beat = Beat(
             job_id=str(data["job_id"]),
             rank=int(data["rank"]),
             host=str(data["host"]),
@@ -178,25 +201,117 @@ def parse_beat(text: str) -> Beat | None:
             pid=int(data.get("pid", 0)),
             mode=str(data.get("mode", "train")),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
         return None
+    times = (beat.time, beat.step_time, beat.compute_time, beat.comm_time)
+    return beat if all(math.isfinite(t) for t in times) else None
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one read of the heartbeat directory found: the beats trusted, and what was skipped and why."""
+
+    beats: tuple[Beat, ...] = ()
+    rejected: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _private(st: os.stat_result) -> bool:
+    """A directory no one but its owner may write in."""
+    return stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022
+
+
+def _open_dir(name: str, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    return fd, os.fstat(fd)
+
+
+def _read_beat(dir_fd: int, name: str, owner: int, node: str, job: str) -> Beat | str:
+    """The beat in one file, or why it is not trusted."""
+    m = re.fullmatch(rf"{re.escape(job)}\.(\d+)\.json", name)
+    if not m:
+        return "not a heartbeat file name of this job"
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
+            return "not a small regular file"
+        if st.st_uid != owner:
+            return f"owned by uid {st.st_uid}, not by the job's user {owner}"
+        text = os.read(fd, MAX_FILE_BYTES + 1).decode(errors="replace")
+    finally:
+        os.close(fd)
+    beat = parse_beat(text)
+    if beat is None:
+        return "malformed"
+    if (beat.job_id, beat.rank, beat.host) != (job, int(m.group(1)), node):
+        return f"says job {beat.job_id} rank {beat.rank} on {beat.host}"
+    # A time later than the file's last change is a lie; ctime no user can set.
+    return Beat(**{**asdict(beat), "time": min(beat.time, st.st_ctime)})
+
+
+def _scan_job(node_fd: int, node: str, job: str, beats: list[Beat], rejected: list[str]) -> None:
+    fd, st = _open_dir(job, node_fd)
+    try:
+        if not _private(st):
+            rejected.append(f"{node}/{job}: writable by others")
+            return
+        for name in sorted(os.listdir(fd)):
+            if name.startswith("."):
+                continue  # a writer's temporary file
+            try:
+                found = _read_beat(fd, name, st.st_uid, node, job)
+            except OSError as exc:
+                found = exc.strerror or str(exc)
+            if isinstance(found, Beat):
+                beats.append(found)
+            else:
+                rejected.append(f"{node}/{job}/{name}: {found}")
+    finally:
+        os.close(fd)
+
+
+def scan_heartbeats(directory: Path | str | None = None) -> Scan:
+    """Every trusted heartbeat under the directory (see the module docstring), and what was not."""
+    beats: list[Beat] = []
+    rejected: list[str] = []
+    try:
+        base_fd, base = _open_dir(str(heartbeat_dir(directory)))
+    except FileNotFoundError:
+        return Scan()
+    except OSError as exc:  # a link or a file where the directory should be: say so, trust nothing
+        return Scan((), (f"{heartbeat_dir(directory)}: {exc.strerror}",))
+    try:
+        if not _private(base):
+            return Scan((), (f"{heartbeat_dir(directory)}: writable by others: no heartbeat trusted",))
+        for node in sorted(os.listdir(base_fd)):
+            if not NAME_RE.fullmatch(node):
+                continue
+            try:
+                node_fd, st = _open_dir(node, base_fd)
+            except OSError as exc:
+                rejected.append(f"{node}: {exc.strerror}")
+                continue
+            try:
+                if st.st_uid != base.st_uid or not _private(st):
+                    rejected.append(f"{node}: not a directory of the heartbeat directory's owner alone")
+                    continue
+                for job in sorted(os.listdir(node_fd)):
+                    if not NAME_RE.fullmatch(job):
+                        continue
+                    try:
+                        _scan_job(node_fd, node, job, beats, rejected)
+                    except OSError as exc:
+                        rejected.append(f"{node}/{job}: {exc.strerror}")
+            finally:
+                os.close(node_fd)
+    finally:
+        os.close(base_fd)
+    return Scan(tuple(sorted(beats, key=lambda b: (b.job_id, b.rank))), tuple(rejected))
 
 
 def read_heartbeats(directory: Path | str | None = None, host: str | None = None) -> list[Beat]:
-    """Every readable heartbeat in the directory (of `host` only, if given), by job and rank."""
-    beats = []
-    try:
-        paths = list(heartbeat_dir(directory).glob("[!.]*.json"))
-    except OSError:
-        return []
-    for path in paths:
-        try:
-            beat = parse_beat(path.read_text())
-        except OSError:
-            continue
-        if beat is not None and (host is None or beat.host == host):
-            beats.append(beat)
-    return sorted(beats, key=lambda b: (b.job_id, b.rank))
+    """Every trusted heartbeat in the directory (of `host` only, if given), by job and rank."""
+    return [b for b in scan_heartbeats(directory).beats if host is None or b.host == host]
 
 
 def straggler_ratio(beat: Beat, peers: list[Beat]) -> float | None:
@@ -211,3 +326,97 @@ def straggler_ratio(beat: Beat, peers: list[Beat]) -> float | None:
     mid = len(others) // 2
     median = others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
     return beat.compute_time / median if median > 0 else None
+
+
+# ---------------------------------------------------------------- the job's directory (prolog, epilog)
+
+
+def _checked_dir(name: str, dir_fd: int | None, owner: int) -> int:
+    """Open (making it if missing, mode 0755) a directory that must be `owner`'s alone."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    fd, st = _open_dir(name, dir_fd)
+    if st.st_uid != owner or not _private(st):
+        os.close(fd)
+        raise PermissionError(
+            f"{name}: not a directory of uid {owner}'s alone (mode {st.st_mode & 0o7777:o})"
+        )
+    return fd
+
+
+def make_job_dir(directory: Path | str, node: str, job_id: str, uid: int, gid: int) -> Path:
+    """Make ``<directory>/<node>/<job_id>`` for the job's user (run as root by the prolog).
+
+    The directory is made afresh and only then given to the user: nothing that existed is chowned.
+    One left by an earlier run of the same job id (a requeue) is replaced.
+    """
+    if not (NAME_RE.fullmatch(node) and NAME_RE.fullmatch(job_id)):
+        raise ValueError(f"bad node or job name: {node!r}, {job_id!r}")
+    root = os.geteuid()
+    Path(directory).mkdir(mode=0o755, parents=True, exist_ok=True)
+    base_fd = _checked_dir(str(directory), None, root)
+    try:
+        node_fd = _checked_dir(node, base_fd, root)
+        try:
+            shutil.rmtree(job_id, dir_fd=node_fd, ignore_errors=True)  # fd-based: no symlink is followed
+            os.mkdir(job_id, 0o755, dir_fd=node_fd)
+            fd = os.open(job_id, _DIR_FLAGS, dir_fd=node_fd)
+            try:
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o755)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(node_fd)
+    finally:
+        os.close(base_fd)
+    return Path(directory) / node / job_id
+
+
+def remove_job_dir(directory: Path | str, node: str, job_id: str) -> None:
+    """Remove the job's heartbeat directory and whatever the job left in it (run as root by the epilog)."""
+    if not (NAME_RE.fullmatch(node) and NAME_RE.fullmatch(job_id)):
+        raise ValueError(f"bad node or job name: {node!r}, {job_id!r}")
+    try:
+        node_fd = os.open(str(Path(directory) / node), _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    try:
+        shutil.rmtree(job_id, dir_fd=node_fd, ignore_errors=True)
+    finally:
+        os.close(node_fd)
+
+
+def hook_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """``python -m slurm_chaos.observe.heartbeat prolog|epilog --dir D``: always exits 0 (a hook's own
+    failure must never drain the node); problems go to stderr with the 'slurm-chaos:' prefix."""
+    p = argparse.ArgumentParser(prog="python -m slurm_chaos.observe.heartbeat")
+    p.add_argument("kind", choices=["prolog", "epilog"])
+    p.add_argument("--dir", type=Path, required=True, help="the heartbeat directory")
+    args = p.parse_args(argv)
+    environ = os.environ if env is None else env
+    job, node = environ.get("SLURM_JOB_ID", ""), environ.get("SLURMD_NODENAME", "")
+    try:
+        if args.kind == "epilog":
+            remove_job_dir(args.dir, node, job)
+            return 0
+        uid = int(environ["SLURM_JOB_UID"])
+        gid = int(environ.get("SLURM_JOB_GID") or _primary_gid(uid))
+        make_job_dir(args.dir, node, job, uid, gid)
+    except (OSError, ValueError, KeyError) as exc:
+        print(
+            f"slurm-chaos: heartbeat {args.kind}: job {job or '?'} on {node or '?'}: {exc}", file=sys.stderr
+        )
+    return 0
+
+
+def _primary_gid(uid: int) -> int:
+    import pwd
+
+    return pwd.getpwuid(uid).pw_gid
+
+
+if __name__ == "__main__":
+    sys.exit(hook_main())

@@ -4,16 +4,31 @@ from __future__ import annotations
 
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 from slurm_chaos.slurm.cli_backend import SlurmCLI
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, JobState, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    Gres,
+    JobInfo,
+    JobRecord,
+    JobState,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 __all__ = [
     "AcctRecord",
+    "ClusterConfig",
+    "Gres",
     "JobInfo",
     "JobRecord",
     "JobState",
     "NodeInfo",
+    "PartitionInfo",
     "ReservationInfo",
     "Scheduler",
     "SlurmCLI",
+    "SwitchInfo",
     "make_scheduler",
 ]

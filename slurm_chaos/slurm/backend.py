@@ -7,7 +7,16 @@ from pathlib import Path
 from typing import Protocol
 
 from slurm_chaos.runner import Runner
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    JobInfo,
+    JobRecord,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 
 class Scheduler(Protocol):
@@ -39,7 +48,7 @@ class Scheduler(Protocol):
         ...
 
     def nodes(self, names: Iterable[str] | None = None) -> dict[str, NodeInfo]:
-        """Node state and reason, for the named nodes or all of them."""
+        """Node state, reason and hardware, for the named nodes or all of them."""
         ...
 
     def drain(self, node: str, reason: str) -> None:
@@ -52,6 +61,22 @@ class Scheduler(Protocol):
 
     def reservation(self, name: str) -> ReservationInfo:
         """One advanced reservation; SlurmError if it does not exist."""
+        ...
+
+    def reservations(self) -> dict[str, ReservationInfo]:
+        """Every advanced reservation, by name (none: an empty dict)."""
+        ...
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        """Every partition, by name, in Slurm's order."""
+        ...
+
+    def topology(self) -> list[SwitchInfo]:
+        """The switches of topology/tree; empty without a topology plugin."""
+        ...
+
+    def cluster_config(self) -> ClusterConfig:
+        """Cluster name and the configuration paths slurmctld reports."""
         ...
 
     def accounting(self, job_ids: Iterable[str]) -> list[AcctRecord]:

@@ -10,7 +10,16 @@ from pathlib import Path
 from slurm_chaos.errors import SlurmError, SlurmUnreachable
 from slurm_chaos.runner import Completed, Runner
 from slurm_chaos.slurm import parse
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    JobInfo,
+    JobRecord,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +39,7 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _INVALID_JOB = re.compile(r"Invalid job id specified", re.IGNORECASE)
+_NO_TOPOLOGY = re.compile(r"No topology information available", re.IGNORECASE)
 _TIMED_OUT = 124
 _NOT_FOUND = 127
 
@@ -108,10 +118,8 @@ class SlurmCLI:
         # " AdminComment=..." and be read as the real field. -j of an array's id lists its tasks too.
         fmt = ",".join(f"{field}:|" for field in parse.JOB_RECORD_FIELDS)
         done = self._check(self._run(["squeue", "--noheader", f"--jobs={job_id}", f"--Format={fmt}"]))
-        partitions = parse.parse_partition_oversubscribe(
-            self._check(self._run(["sinfo", "--noheader", "--Format=OverSubscribe:|,Partition:|"])).stdout
-        )
-        records = parse.parse_job_records(done.stdout, partitions)
+        oversubscribe = {name: part.oversubscribe for name, part in self.partitions().items()}
+        records = parse.parse_job_records(done.stdout, oversubscribe)
         if job_id not in records:
             raise SlurmError(f"job {job_id}: not known to the controller")
         return records[job_id]
@@ -161,6 +169,26 @@ class SlurmCLI:
         if name not in found:
             raise SlurmError(f"Reservation {name} not found")
         return found[name]
+
+    def reservations(self) -> dict[str, ReservationInfo]:
+        done = self._check(self._run(["scontrol", "-o", "show", "reservation"]))
+        return parse.parse_scontrol_reservations(done.stdout)
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        # Text in every version: 24.11's `scontrol --json show partitions` leaves out the flags
+        # (data_parser v0.0.42 skips partition_info_t.flags), and with them which one is the default.
+        done = self._check(self._run(["scontrol", "-o", "show", "partition"]))
+        return parse.parse_scontrol_partitions(done.stdout)
+
+    def topology(self) -> list[SwitchInfo]:
+        # No JSON form up to 24.11. Without a topology plugin scontrol prints nothing on stdout.
+        done = self._run(["scontrol", "-o", "show", "topology"])
+        if not done.ok and not _NO_TOPOLOGY.search(done.stderr):
+            self._check(done)
+        return parse.parse_scontrol_topology(done.stdout)
+
+    def cluster_config(self) -> ClusterConfig:
+        return parse.parse_scontrol_config(self._check(self._run(["scontrol", "show", "config"])).stdout)
 
     def accounting(self, job_ids: Iterable[str]) -> list[AcctRecord]:
         ids = list(dict.fromkeys(str(j) for j in job_ids))

@@ -150,8 +150,26 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class Gres:
+    """One generic resource of a node, as Slurm writes it: `gpu:h100:4(S:0)` -> gpu, h100, 4, (0,).
+
+    `sockets` are the sockets whose cores the GRES is bound to (gres.conf `Cores=`, or AutoDetect);
+    empty when Slurm was not told. Slurm adds up entries of one type, so `gpu:h100:8(S:0-1)` says
+    that the eight GPUs are spread over sockets 0 and 1, not which GPU sits where.
+    """
+
+    name: str
+    type: str = ""
+    count: int = 0
+    sockets: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeInfo:
-    """One node: its state words (e.g. {"IDLE", "DRAIN"}), why it is not usable, where it is."""
+    """One node: its state words (e.g. {"IDLE", "DRAIN"}), why it is not usable, where it is.
+
+    The hardware fields (cpus .. gres) are Slurm's configured values; 0 or () where not reported.
+    """
 
     name: str
     state: frozenset[str]
@@ -161,6 +179,11 @@ class NodeInfo:
     features: tuple[str, ...] = ()
     address: str = ""
     hostname: str = ""
+    cpus: int = 0
+    sockets: int = 0
+    cores_per_socket: int = 0
+    threads_per_core: int = 0
+    gres: tuple[Gres, ...] = ()
 
     @property
     def drain(self) -> bool:
@@ -185,6 +208,41 @@ class ReservationInfo:
     start: datetime | None = None
     end: datetime | None = None
     state: str = ""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """A partition: its nodes, whether jobs without --partition land in it, its state (UP, DOWN...),
+    and whether it shares nodes (OverSubscribe)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+    state: str = ""
+    oversubscribe: str = ""  # NO, EXCLUSIVE, YES[:n], FORCE[:n]
+
+
+@dataclass(frozen=True)
+class SwitchInfo:
+    """One switch of topology.conf (topology/tree): level 0 is a leaf, whose nodes share a rack."""
+
+    name: str
+    level: int
+    nodes: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+
+    @property
+    def leaf(self) -> bool:
+        return self.level == 0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What `scontrol show config` says about the cluster as a whole; '' where not set."""
+
+    name: str
+    plugstack_conf: str = ""
+    topology_plugin: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,18 @@ from typing import Any
 
 from slurm_chaos import hostlist
 from slurm_chaos.errors import SlurmError
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, JobState, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    Gres,
+    JobInfo,
+    JobRecord,
+    JobState,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 # Field lists the CLI backend requests; the parsers below depend on this exact order.
 SQUEUE_FIELDS = (
@@ -53,6 +64,61 @@ def expand_hostlist(nodelist: str) -> list[str]:
 def compress_hostlist(hosts: Iterable[str]) -> str:
     """Inverse of expand_hostlist: [`node1`, `node2`, `node3`, `node5`] -> `node[1-3,5]`."""
     return hostlist.compress_hostlist(list(hosts))
+
+
+# ---------------------------------------------------------------- GRES
+
+# A node's GRES string (src/common/gres.c _build_node_gres_str): `name[:type]:count[KMGTP]`, then
+# `(S:<sockets>)` when the GRES is bound to cores, the sockets written by bit_fmt (`0`, `0-1`, `0,2`).
+_GRES = re.compile(r"^(?P<spec>[^()]+?)(?:\(S:(?P<sockets>[0-9,-]*)\))?$")
+_GRES_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_GRES_COUNT = re.compile(r"^(\d+)([KMGTP]?)$")
+
+
+def _top_level_items(text: str) -> list[str]:
+    """Split on the commas that are not inside parentheses: `a:1(S:0,2),b:2` -> [`a:1(S:0,2)`, `b:2`]."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def _socket_list(text: str) -> tuple[int, ...]:
+    """bit_fmt's `0-1,3` -> (0, 1, 3)."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        out.extend(range(int(low), int(high or low) + 1))
+    return tuple(out)
+
+
+def _gres(item: str) -> Gres:
+    m = _GRES.match(item)
+    if not m:
+        raise SlurmError(f"cannot read GRES {item!r}")
+    parts = m.group("spec").split(":")
+    count = _GRES_COUNT.match(parts[-1]) if len(parts) > 1 else None
+    if count:
+        parts.pop()
+    number = int(count.group(1)) * _GRES_SUFFIX[count.group(2)] if count else 1
+    return Gres(
+        name=parts[0],
+        type=":".join(parts[1:]),
+        count=number,
+        sockets=_socket_list(m.group("sockets") or ""),
+    )
+
+
+def parse_gres(text: str) -> tuple[Gres, ...]:
+    """A node's `Gres=` (`gpu:h100:4(S:0),gpu:h100:4(S:1)`, `gpu:8(S:0-1)`, `mps:400`); `(null)` -> ()."""
+    text = text.strip()
+    if text in _EMPTY:
+        return ()
+    return tuple(_gres(item) for item in _top_level_items(text))
 
 
 # ---------------------------------------------------------------- scalars
@@ -248,7 +314,7 @@ def parse_squeue_fields(text: str) -> dict[str, JobInfo]:
 def parse_job_records(text: str, partition_oversubscribe: Mapping[str, str]) -> dict[str, JobRecord]:
     """`squeue -h -O <JOB_RECORD_FIELDS with :| suffix>` -> records by job id.
 
-    `partition_oversubscribe`: each partition's OverSubscribe (sinfo), by partition name.
+    `partition_oversubscribe`: each partition's OverSubscribe, by partition name.
     """
     records = {}
     for row in _delimited(text, JOB_RECORD_FIELDS, name_at=len(JOB_RECORD_FIELDS) - 1):
@@ -272,16 +338,6 @@ def parse_job_records(text: str, partition_oversubscribe: Mapping[str, str]) -> 
         )
         records[rec.job_id] = rec
     return records
-
-
-def parse_partition_oversubscribe(text: str) -> dict[str, str]:
-    """`sinfo -h -O OverSubscribe:|,Partition:|` -> OverSubscribe by partition (default's `*` dropped)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) >= 2 and parts[1].strip():
-            out.setdefault(parts[1].strip().rstrip("*"), parts[0].strip())
-    return out
 
 
 # ---------------------------------------------------------------- sacct
@@ -511,6 +567,12 @@ def _state_words(text: str) -> frozenset[str]:
     return frozenset(w.strip("*~#!%$@^-").upper() for w in text.split("+") if w.strip("*~#!%$@^-"))
 
 
+def _count(text: str) -> int:
+    """A key=value count; `N/A` and the like -> 0."""
+    text = text.strip()
+    return int(text) if text.isdigit() else 0
+
+
 def _scontrol_node(rec: Mapping[str, str]) -> NodeInfo:
     return NodeInfo(
         name=rec.get("NodeName", ""),
@@ -521,6 +583,11 @@ def _scontrol_node(rec: Mapping[str, str]) -> NodeInfo:
         features=_words(rec.get("AvailableFeatures", "")),
         address=_text(rec.get("NodeAddr", "")),
         hostname=_text(rec.get("NodeHostName", "")),
+        cpus=_count(rec.get("CPUTot", "")),
+        sockets=_count(rec.get("Sockets", "")),
+        cores_per_socket=_count(rec.get("CoresPerSocket", "")),
+        threads_per_core=_count(rec.get("ThreadsPerCore", "")),
+        gres=parse_gres(rec.get("Gres", "")),
     )
 
 
@@ -548,6 +615,59 @@ def parse_scontrol_reservations(text: str) -> dict[str, ReservationInfo]:
         )
         out[resv.name] = resv
     return out
+
+
+def parse_scontrol_partitions(text: str) -> dict[str, PartitionInfo]:
+    """`scontrol [-o] show partition` -> partitions by name, in Slurm's order."""
+    out = {}
+    for rec in parse_scontrol(text):
+        if "PartitionName" not in rec:
+            continue
+        part = PartitionInfo(
+            name=rec["PartitionName"],
+            nodes=tuple(expand_hostlist(rec.get("Nodes", ""))),
+            default=rec.get("Default", "").upper() == "YES",
+            state=_text(rec.get("State", "")),
+            oversubscribe=_text(rec.get("OverSubscribe", "")),
+        )
+        out[part.name] = part
+    return out
+
+
+def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
+    """`scontrol [-o] show topology` (topology/tree) -> switches, leaves first as Slurm lists them.
+
+    Without a topology plugin Slurm prints nothing on stdout (`No topology information available`
+    goes to stderr): no switches.
+    """
+    switches = []
+    for rec in parse_scontrol(text):
+        if "SwitchName" not in rec:
+            continue
+        switches.append(
+            SwitchInfo(
+                name=rec["SwitchName"],
+                level=_count(rec.get("Level", "")),
+                nodes=tuple(expand_hostlist(rec.get("Nodes", ""))),
+                switches=tuple(expand_hostlist(rec.get("Switches", ""))),
+            )
+        )
+    return switches
+
+
+def parse_scontrol_config(text: str) -> ClusterConfig:
+    """`scontrol show config` (`Key = value` lines) -> the few settings slurm-chaos reads."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key and " " not in key:
+            values.setdefault(key, value.strip())
+    return ClusterConfig(
+        name=_text(values.get("ClusterName", "")),
+        plugstack_conf=_text(values.get("PlugStackConfig", "")),
+        topology_plugin=_text(values.get("TopologyPlugin", "")),
+    )
 
 
 def parse_scontrol_jobs(text: str) -> dict[str, JobInfo]:
@@ -626,6 +746,11 @@ def _json_node(node: Mapping[str, Any]) -> NodeInfo:
         features=_words(node.get("features")),
         address=_text(node.get("address")),
         hostname=_text(node.get("hostname")),
+        cpus=_number(node.get("cpus")) or 0,
+        sockets=_number(node.get("sockets")) or 0,
+        cores_per_socket=_number(node.get("cores")) or 0,
+        threads_per_core=_number(node.get("threads")) or 0,
+        gres=parse_gres(str(node.get("gres") or "")),
     )
 
 

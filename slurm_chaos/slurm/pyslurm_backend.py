@@ -18,7 +18,17 @@ from typing import Any
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.slurm import parse
 from slurm_chaos.slurm.cli_backend import SlurmCLI
-from slurm_chaos.slurm.model import AcctRecord, JobInfo, JobRecord, JobState, NodeInfo, ReservationInfo
+from slurm_chaos.slurm.model import (
+    AcctRecord,
+    ClusterConfig,
+    JobInfo,
+    JobRecord,
+    JobState,
+    NodeInfo,
+    PartitionInfo,
+    ReservationInfo,
+    SwitchInfo,
+)
 
 
 def load_pyslurm() -> ModuleType | None:
@@ -57,8 +67,16 @@ def _job(job: Any) -> JobInfo:
     )
 
 
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _node(node: Any) -> NodeInfo:
-    """A pyslurm.Node -> NodeInfo; pyslurm writes states as `IDLE+DRAIN`."""
+    """A pyslurm.Node -> NodeInfo; pyslurm writes states as `IDLE+DRAIN`.
+
+    No GRES: pyslurm's `configured_gres` is a dict of counts without the socket binding, so the
+    records that need GRES (onboarding) come from the CLI backend.
+    """
     features = getattr(node, "available_features", None) or ()
     return NodeInfo(
         name=str(node.name),
@@ -69,6 +87,10 @@ def _node(node: Any) -> NodeInfo:
         features=tuple(str(f) for f in features),
         address=str(getattr(node, "address", "") or ""),
         hostname=str(getattr(node, "hostname", "") or ""),
+        cpus=_int(getattr(node, "total_cpus", 0)),
+        sockets=_int(getattr(node, "sockets", 0)),
+        cores_per_socket=_int(getattr(node, "cores_per_socket", 0)),
+        threads_per_core=_int(getattr(node, "threads_per_core", 0)),
     )
 
 
@@ -128,6 +150,18 @@ class PyslurmScheduler:
 
     def reservation(self, name: str) -> ReservationInfo:
         return self.cli.reservation(name)
+
+    def reservations(self) -> dict[str, ReservationInfo]:
+        return self.cli.reservations()
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        return self.cli.partitions()
+
+    def topology(self) -> list[SwitchInfo]:
+        return self.cli.topology()
+
+    def cluster_config(self) -> ClusterConfig:
+        return self.cli.cluster_config()
 
     def job_record(self, job_id: str) -> JobRecord:
         return self.cli.job_record(job_id)

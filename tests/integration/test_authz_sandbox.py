@@ -8,8 +8,8 @@ sees our qdisc (handle ``cafe:``). After each test every node is as it was: qdis
 cgroups, processes, node state.
 
 The policy, the plugin's plugstack.conf line and the prolog/epilog hooks are installed for this
-module and the previous files restored afterwards; the users are created if missing (and kept:
-tests/conftest.py's ``sandbox_users`` on another branch makes the same two, with the same homes).
+module and the previous files restored afterwards; the users are tests/conftest.py's
+``sandbox_users``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pwd
 import re
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -43,6 +43,9 @@ from slurm_chaos.faults.plugin_install import (
 )
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
+
+if TYPE_CHECKING:
+    from tests.conftest import SandboxUser
 
 pytestmark = pytest.mark.sandbox
 
@@ -64,20 +67,6 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return 0;
 }
 """
-
-
-@dataclass(frozen=True)
-class SandboxUser:
-    """An unprivileged user of the sandbox, with a directory of their own on its shared filesystem."""
-
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-    def argv(self, *command: str, env: dict[str, str] | None = None) -> list[str]:
-        pairs = [f"{k}={v}" for k, v in (env or {}).items()]
-        return ["runuser", "-u", self.name, "--", "env", *pairs, *command]
 
 
 @dataclass(frozen=True)
@@ -186,32 +175,6 @@ def _procs(cgroup: Path) -> list[str]:
         return []
 
 
-def _ensure_user(name: str, shared: Path) -> SandboxUser:
-    try:
-        pw = pwd.getpwnam(name)
-    except KeyError:
-        useradd = ["useradd", "-M", "-s", "/bin/sh", name]
-        done = subprocess.run(useradd, capture_output=True, text=True, timeout=30)
-        try:
-            pw = pwd.getpwnam(name)  # another session may have made it first
-        except KeyError:
-            pytest.skip(f"useradd {name} failed: {done.stderr.strip()}")
-    home = shared / "users" / name
-    home.mkdir(parents=True, exist_ok=True)
-    os.chown(home, pw.pw_uid, pw.pw_gid)
-    return SandboxUser(name, pw.pw_uid, pw.pw_gid, home)
-
-
-def _allow_into_reservation(env: dict[str, str], reservation: str) -> None:
-    show = SubprocessRunner()(["scontrol", "-o", "show", "reservation", reservation], timeout=30, env=env)
-    listed = next((w.split("=", 1)[1].split(",") for w in show.stdout.split() if w.startswith("Users=")), [])
-    missing = [n for n in USERS if n not in listed]
-    if missing:
-        update = ["scontrol", "update", f"ReservationName={reservation}", f"Users+={','.join(missing)}"]
-        done = SubprocessRunner()(update, timeout=30, env=env)
-        assert done.ok, done.stderr
-
-
 def _own_slurm_conf(user: SandboxUser, slurm_conf: Path, forge: Path) -> None:
     """The user's own client configuration: the cluster's, with a plugstack.conf of theirs."""
     plugstack = user.home / "plugstack.conf"
@@ -223,7 +186,7 @@ def _own_slurm_conf(user: SandboxUser, slurm_conf: Path, forge: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def authz(sandbox) -> Iterator[Authz]:  # type: ignore[no-untyped-def]
+def authz(sandbox, sandbox_users: dict[str, SandboxUser]) -> Iterator[Authz]:  # type: ignore[no-untyped-def]
     if shutil.which("cc") is None or not Path("/usr/include/slurm/spank.h").exists():
         pytest.skip("needs a C compiler and spank.h (libslurm-dev)")
     env = dict(sandbox.env)
@@ -232,8 +195,7 @@ def authz(sandbox) -> Iterator[Authz]:  # type: ignore[no-untyped-def]
     config = SubprocessRunner()(["scontrol", "show", "config"], timeout=30, env=env).stdout
     if not re.search(r"JobSubmitPlugins\s*=\s*\S*lua", config):
         pytest.skip("this sandbox predates JobSubmitPlugins=lua: 'sandbox down' and up again")
-    users = {name: _ensure_user(name, Path(sandbox.shared_dir)) for name in USERS}
-    _allow_into_reservation(env, sandbox.reservation)
+    users = {name: sandbox_users[name] for name in USERS}
     plugstack, policy_path, lua = etc / "plugstack.conf", etc / POLICY_NAME, etc / JOB_SUBMIT_LUA
     hooks = [etc / f"{kind}.d" / HOOK_NAME for kind in ("prolog", "epilog")]
     saved = {p: p.read_text() if p.exists() else None for p in (plugstack, policy_path, lua, *hooks)}

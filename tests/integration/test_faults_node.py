@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +32,9 @@ from slurm_chaos.faults.journal import Journal
 from slurm_chaos.faults.node_base import MARKER_ENV
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
+
+if TYPE_CHECKING:
+    from tests.conftest import SandboxUser
 
 pytestmark = pytest.mark.sandbox
 
@@ -104,6 +109,11 @@ class Cluster:
     log_file: Path
     nodes: tuple[str, ...]
 
+    @property
+    def checkpoints(self) -> Path:
+        """The site's checkpoint path: the one root under which ckpt-full may act."""
+        return self.shared / "checkpoints"
+
     def run(self, argv: Sequence[str], timeout: float = TIMEOUT) -> Completed:
         return SubprocessRunner()(argv, timeout=timeout, env=self.env)
 
@@ -113,14 +123,21 @@ class Cluster:
     def in_node(self, node: str, argv: Sequence[str]) -> Completed:
         return self.run(["nsenter", "-t", str(self.slurmd_pid(node)), "-n", "-m", "--", *argv], timeout=20)
 
-    def submit(self, script: str, spec: str | None, *sbatch: str) -> str:
+    def submit(self, script: str, spec: str | None, *sbatch: str, user: SandboxUser | None = None) -> str:
+        """Submit held, give the job its SPEC as an administrator would (AdminComment), release.
+
+        With `user`, the job is that user's: submitted as them, from their own directory."""
         name = uuid.uuid4().hex[:8]
-        path = self.shared / f"job-{name}.sh"
+        where = user.home if user else self.shared
+        path = where / f"job-{name}.sh"
         path.write_text("#!/bin/bash\n" + script)
-        out = self.shared / f"job-{name}.out"
-        res = self.run(
-            ["sbatch", "--parsable", "--hold", "-o", str(out), "-D", str(self.shared), *sbatch, str(path)]
-        )
+        out = where / f"job-{name}.out"
+        argv = ["sbatch", "--parsable", "--hold", "-o", str(out), "-D", str(where), *sbatch, str(path)]
+        if user:
+            os.chown(path, user.uid, user.gid)
+            keep = ("SLURM_CONF", "SBATCH_RESERVATION", "PATH")
+            argv = user.argv(*argv, env={k: self.env[k] for k in keep if k in self.env})
+        res = self.run(argv)
         assert res.ok, res.stderr
         job = res.stdout.strip().split(";")[0]
         if spec:
@@ -235,7 +252,9 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     policy = etc / POLICY_NAME
     saved_policy = policy.read_text() if policy.exists() else None
     # These tests measure faults on nodes that jobs share (several jobs per node, no --exclusive).
-    write_policy(policy, Policy(allow_users=("root",), require_exclusive=False))
+    write_policy(policy, Policy(allow_users=("root", "chaosok"), require_exclusive=False))
+    checkpoints = Path(sandbox.shared_dir) / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
     install_hooks(
         etc,
         sys.executable,
@@ -243,6 +262,7 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         log_file=log_file,
         audit_log=root / "log" / "slurm-chaos-audit.log",
         deadline_s=600,
+        ckpt_roots=(str(checkpoints),),
     )
     (Path(sandbox.shared_dir) / "netprobe.py").write_text(NETPROBE)
     (Path(sandbox.shared_dir) / "busy.py").write_text(BUSY)
@@ -318,7 +338,7 @@ def test_network_degradation_is_measured_inside_the_job_and_reverted(cluster: Cl
 
 @pytest.mark.parametrize("existing", [False, True])
 def test_full_checkpoint_volume_only_on_the_checkpoint_path(cluster: Cluster, existing: bool) -> None:
-    ckpt = cluster.shared / f"ckpt-full-{uuid.uuid4().hex[:6]}"
+    ckpt = cluster.checkpoints / f"ckpt-full-{uuid.uuid4().hex[:6]}"
     if existing:  # an earlier checkpoint stays readable: a restart works, new checkpoints do not fit
         ckpt.mkdir()
         (ckpt / "old.pt").write_text("old checkpoint")
@@ -352,6 +372,119 @@ EOF
         assert sorted(p.name for p in ckpt.iterdir()) == ["old.pt"]
     else:
         assert not ckpt.exists()  # the directory the fault created is gone again
+
+
+# Runs as the job's user (who cannot run root's interpreter): what the job sees of its checkpoint path.
+USER_PY = "/usr/bin/python3"
+CKPT_PROBE = """
+{py} - <<'EOF'
+import errno, os
+p = "{ckpt}"
+st = os.statvfs(p) if os.path.isdir(p) else None
+print("FREE", st.f_bavail * st.f_frsize if st else "none")
+print("OWNER", os.stat(p).st_uid if os.path.isdir(p) else "none")
+try:
+    with open(p + "/ckpt.pt", "wb") as f:
+        f.write(b"x" * 100000)
+    print("CKPT written")
+except OSError as e:
+    print("CKPT", errno.errorcode[e.errno])
+EOF
+"""
+
+
+def owners(paths: Sequence[Path]) -> dict[str, tuple[int, int, int]]:
+    """Owner, group and mode of each path (the link itself where one is a symlink)."""
+    return {str(p): (st.st_uid, st.st_gid, st.st_mode & 0o7777) for p in paths for st in [os.lstat(p)]}
+
+
+def unmount_under(cluster: Cluster, node: str, prefix: Path) -> list[str]:
+    """Mounts left under `prefix` in the node's namespace, unmounted (so a failure spoils no other test)."""
+    info = Path(f"/proc/{cluster.slurmd_pid(node)}/mountinfo").read_text()
+    points = [line.split()[4] for line in info.splitlines() if line.split()[4].startswith(f"{prefix}/")]
+    for point in reversed(points):
+        cluster.in_node(node, ["umount", "-l", point])
+    return points
+
+
+def test_ckpt_full_traversal_is_refused_and_nothing_chowned(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """'..' in the path: once root chowned every level it walked (here: a root-owned 'etc')."""
+    user = sandbox_users["chaosok"]
+    base = cluster.checkpoints / f"sec-{uuid.uuid4().hex[:6]}"
+    home = base / "home" / user.name
+    home.mkdir(parents=True)
+    os.chown(home, user.uid, user.gid)
+    (base / "etc").mkdir()
+    touched = [cluster.checkpoints, base, base / "home", home, base / "etc"]
+    path = f"{home}/x/../../../etc"
+    ours = owners(touched)
+    before = cluster.snapshot("node3")
+    try:
+        script = CKPT_PROBE.format(py=USER_PY, ckpt=path)
+        job = cluster.submit(script, f"ckpt-full:path={path}", "-N1", "-w", "node3", user=user)
+        cluster.wait_done(job, ["node3"])
+        out = cluster.output(job)
+        assert owners(touched) == ours
+        assert not (home / "x").exists()
+        assert "FREE 0" not in out, out
+        assert cluster.snapshot("node3") == before
+        assert f"ckpt-full: not applied on node3 for job {job}" in cluster.log_file.read_text()
+    finally:
+        left = unmount_under(cluster, "node3", base)
+        shutil.rmtree(base)
+    assert not left
+
+
+def test_ckpt_full_through_a_symlink_is_refused_and_leaves_no_mount(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """A symlink in the path: once mounted on its target, and never unmounted (the undo compared
+    the literal path with findmnt's canonical one)."""
+    user = sandbox_users["chaosok"]
+    mine = cluster.checkpoints / f"{user.name}-{uuid.uuid4().hex[:6]}"
+    assert cluster.run(user.argv("mkdir", "-p", str(mine / "real"))).ok
+    assert cluster.run(user.argv("ln", "-s", "real", str(mine / "link"))).ok
+    ours = owners([mine, mine / "real", mine / "link"])
+    before = cluster.snapshot("node3")
+    try:
+        script = CKPT_PROBE.format(py=USER_PY, ckpt=mine / "link")
+        job = cluster.submit(script, f"ckpt-full:path={mine / 'link'}", "-N1", "-w", "node3", user=user)
+        cluster.wait_done(job, ["node3"])
+        out = cluster.output(job)
+        assert "FREE 0" not in out and "CKPT written" in out, out
+        assert cluster.snapshot("node3") == before
+        assert owners([mine, mine / "real", mine / "link"]) == ours
+    finally:
+        left = unmount_under(cluster, "node3", mine)
+        shutil.rmtree(mine)
+    assert not left
+
+
+def test_ckpt_full_made_as_the_user_and_undone_by_its_mount_after_the_job_moved_it(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """The directories are the user's own making; the job renames the one above its full volume,
+    and the epilog still unmounts it (found by what it is, not by the path it was mounted on)."""
+    user = sandbox_users["chaosok"]
+    mine = cluster.checkpoints / f"{user.name}-{uuid.uuid4().hex[:6]}"
+    assert cluster.run(user.argv("mkdir", str(mine))).ok
+    path = mine / "a" / "ckpt"
+    script = CKPT_PROBE.format(py=USER_PY, ckpt=path) + f"mv {mine}/a {mine}/b && echo MOVED\n"
+    before = cluster.snapshot("node3")
+    try:
+        job = cluster.submit(script, f"ckpt-full:path={path}", "-N1", "-w", "node3", user=user)
+        cluster.wait_done(job, ["node3"])
+        out = cluster.output(job)
+        assert "FREE 0" in out and "CKPT ENOSPC" in out and "MOVED" in out, out
+        assert f"OWNER {user.uid}" in out, out
+        assert cluster.snapshot("node3") == before
+        assert os.lstat(mine).st_uid == user.uid
+    finally:
+        left = unmount_under(cluster, "node3", mine)
+        shutil.rmtree(mine, ignore_errors=True)
+    assert not left
 
 
 def build_shim() -> Path:
@@ -462,7 +595,7 @@ SLEEP_SPEC = "netem:rate=1M+slow-rank:rank=0,percent=50+noisy-neighbour:cpus=1+c
 
 def test_scancel_mid_fault_leaves_nothing_behind(cluster: Cluster) -> None:
     nodes = ["node1", "node2"]
-    ckpt = cluster.shared / f"ckpt-cancel-{uuid.uuid4().hex[:6]}"
+    ckpt = cluster.checkpoints / f"ckpt-cancel-{uuid.uuid4().hex[:6]}"
     before = cluster.snapshots(nodes)
     job = cluster.submit("srun -N2 -n2 sleep 300\n", SLEEP_SPEC.format(ckpt=ckpt), "-N2", "-w", "node[1-2]")
     cluster.wait_state(job, {"RUNNING"})
@@ -499,8 +632,11 @@ def test_missed_epilog_is_reverted_by_the_watchdog(cluster: Cluster) -> None:
 def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) -> None:
     before = cluster.snapshot("node4")
     hook = _disable_epilog(cluster)
+    # ckpt-full too: its undo helper runs in node4's mount namespace, entered from the host.
+    ckpt = cluster.checkpoints / f"ckpt-cleanup-{uuid.uuid4().hex[:6]}"
     try:
-        job = cluster.submit("sleep 4\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node4")
+        spec = f"netem:rate=1M+noisy-neighbour:cpus=1+ckpt-full:path={ckpt}"
+        job = cluster.submit("sleep 4\n", spec, "-N1", "-w", "node4")
         cluster.wait_agent(job, "node4")
         cluster.wait_log(f"prolog: job {job} on node4")  # the prolog is done: the agent detached
         agent_entry = next(
@@ -514,6 +650,8 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
     finally:
         hook.chmod(0o755)
     assert any("job no longer running" in line and "netem" in line for line in reverted), reverted
+    assert any(f"umount {ckpt} (slurm-chaos-ckpt-{job}-overlay-" in line for line in reverted), reverted
+    assert not ckpt.exists()
     assert not any(line.startswith("FAILED") for line in reverted), reverted
     assert cluster.snapshot("node4") == before
     assert cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env)) == []

@@ -89,6 +89,7 @@ def test_help_lists_every_command() -> None:
     res = _cli("--help")
     for cmd in (
         "sandbox",
+        "site",
         "render",
         "run",
         "campaign",

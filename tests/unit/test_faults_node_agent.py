@@ -10,6 +10,7 @@ import pytest
 
 from slurm_chaos.faults import agent
 from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, squeue_probe, stale_reason
+from slurm_chaos.faults.install_hooks import install_hooks
 from slurm_chaos.faults.journal import Header, Journal, Undo
 from slurm_chaos.runner import Completed, FakeRunner
 
@@ -145,6 +146,15 @@ def test_node_runner_enters_namespaces_only_when_needed() -> None:
     assert runner.calls[-1][:4] == ("nsenter", "-t", str(wrapped.pid), "-n")
     gone = Header("1", "n", 0.0, 0.0, 1, 1, 1)
     assert node_runner(gone, runner) is runner
+
+
+def test_prolog_hook_passes_the_allowed_checkpoint_roots(tmp_path: Path) -> None:
+    roots = ("/scratch/ckpt", "/lustre/my ckpt")
+    prolog, epilog = install_hooks(
+        tmp_path / "etc", "/usr/bin/python3", journal_root=tmp_path, ckpt_roots=roots
+    )
+    assert "--ckpt-root /scratch/ckpt --ckpt-root '/lustre/my ckpt'" in prolog.read_text()
+    assert "--ckpt-root" not in epilog.read_text()
 
 
 def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import wait_until
+
 from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import MARKER_ENV, JobContext, popen_spawner
@@ -42,8 +44,7 @@ def test_duty_cycle_stops_and_continues_and_journals_first(tmp_path: Path) -> No
         duty = DutyCycle("slow-rank", ctx, 0, 50.0, find=lambda job, rank: [target], period=0.2)
         t = time.time()
         duty.tick(t)  # scan + first SIGSTOP
-        time.sleep(0.02)
-        assert state(child.pid) == "T"
+        wait_until(lambda: state(child.pid) == "T")
         (entry,) = ctx.journal.read().entries
         assert entry.undo.action == "signal_process" and entry.undo.data["signal"] == "SIGCONT"
         # Over one second the process is stopped about half of the time.
@@ -58,12 +59,10 @@ def test_duty_cycle_stops_and_continues_and_journals_first(tmp_path: Path) -> No
         while not duty.stopped:  # leave it stopped, as a controller killed mid-cycle would
             duty.next_switch = 0
             duty.tick(time.time())
-        time.sleep(0.02)
-        assert state(child.pid) == "T"
+        wait_until(lambda: state(child.pid) == "T")
         # The journal's undo continues it even though the controller never did (as if it died).
         revert(ctx.journal, UndoContext(ctx.runner), by="test")
-        time.sleep(0.02)
-        assert state(child.pid) in ("R", "S")
+        wait_until(lambda: state(child.pid) in ("R", "S"))
     finally:
         child.kill()
         child.wait()
@@ -89,7 +88,7 @@ def test_marked_processes_are_killed_by_the_undo(tmp_path: Path) -> None:
     ctx = ctx_for(tmp_path)
     ctx.journal.record("noisy-neighbour", "sleep", Undo(action="kill_marked", data={"marker": marker}), 1e12)
     pid = popen_spawner(["sh", "-c", "sleep 60 & sleep 60"], {MARKER_ENV: marker}, None)
-    time.sleep(0.2)
+    wait_until(lambda: len(marked(marker)) >= 2)  # the shell and its background child
     procs = marked(marker)
     assert pid in [p.pid for p in procs] and len(procs) >= 2
     result = revert(ctx.journal, UndoContext(ctx.runner), by="test")

@@ -72,15 +72,35 @@ def test_straggler_threshold_is_configurable() -> None:
 # ---------------------------------------------------------------- NUMA
 
 
-def fake_proc(root: Path, procs: dict[int, tuple[dict[str, str], str]]) -> Path:
-    """A /proc with environ and status files: pid -> (environment, Cpus_allowed_list)."""
+def _fake_pid(root: Path, pid: int, ppid: int, cmdline: str, status: str, env: dict[str, str]) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
+    (d / "cmdline").write_bytes(cmdline.encode() + b"\0")
+    (d / "stat").write_text(f"{pid} ({cmdline.split()[0][:15]}) S {ppid} {pid} {pid} 0 -1\n")
+    (d / "status").write_text(f"Name:\t{cmdline.split()[0][:15]}\nPid:\t{pid}\n{status}")
+
+
+def fake_proc(
+    root: Path,
+    procs: dict[int, tuple[dict[str, str], str]],
+    parents: dict[int, int] | None = None,
+    stepd_uid: int = 0,
+) -> Path:
+    """A /proc: pid -> (environment, Cpus_allowed_list). Each step named in an environment gets a
+    slurmstepd process (running as `stepd_uid`) whose child the process is, unless `parents` says
+    which process its parent is."""
+    stepds: dict[tuple[str, str], int] = {}
+    for env, _ in procs.values():
+        if "SLURM_STEP_ID" in env:
+            stepds.setdefault((env["SLURM_JOB_ID"], env["SLURM_STEP_ID"]), 9000 + len(stepds))
+    for (job, step), pid in stepds.items():
+        uid = f"Uid:\t{stepd_uid}\t{stepd_uid}\t{stepd_uid}\t{stepd_uid}\n"
+        _fake_pid(root, pid, 1, f"slurmstepd: [{job}.{step}]", uid, {"SLURM_JOB_ID": job})
     for pid, (env, cpus) in procs.items():
-        d = root / str(pid)
-        d.mkdir(parents=True)
-        (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0")
-        (d / "status").write_text(
-            f"Name:\tpython3\nPid:\t{pid}\nCpus_allowed_list:\t{cpus}\nMems_allowed_list:\t0\n"
-        )
+        stepd = stepds.get((env.get("SLURM_JOB_ID", ""), env.get("SLURM_STEP_ID", "")), 1)
+        status = f"Uid:\t1000\t1000\t1000\t1000\nCpus_allowed_list:\t{cpus}\nMems_allowed_list:\t0\n"
+        _fake_pid(root, pid, (parents or {}).get(pid, stepd), "python3 train.py", status, env)
     (root / "self").mkdir()
     return root
 
@@ -110,17 +130,32 @@ def test_scan_tasks_keeps_this_nodes_task_processes_only(tmp_path: Path) -> None
         tmp_path,
         {
             100: (task_env("5", "0", 1, "node2", SLURM_CPUS_ON_NODE="2"), "1"),
-            101: (task_env("5", "0", 1, "node2"), "0-1"),  # a child of the task: same task
+            101: (task_env("5", "0", 1, "node2"), "0-1"),  # a child of the task: same task (below)
             102: (task_env("5", "0", 0, "node1"), "0-1"),  # another node's task (shared /proc)
             103: ({**task_env("5", "batch", 0, "node2")}, "0-1"),  # the batch script
             104: ({"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "node2"}, "0-1"),  # slurmstepd-like, no step
             105: ({"HOME": "/root"}, "0-1"),
         },
+        parents={101: 100},
     )
     (tasks_,) = [checks.scan_tasks("node2", proc)]
     assert [(t.pid, t.job_id, t.step_id, t.procid, sorted(t.cpus), t.cpus_on_node) for t in tasks_] == [
         (100, "5", "0", 1, [1], 2)
     ]
+
+
+def test_scan_tasks_believes_slurmstepd_not_the_environment(tmp_path: Path) -> None:
+    """Anyone can put SLURM_* into an environment; only Slurm runs a root slurmstepd for the step."""
+    squeezed = task_env("5", "0", 0, "node2", SLURM_CPUS_PER_TASK="2")
+    forged = fake_proc(tmp_path / "a", {100: (squeezed, "0")}, parents={100: 1})  # no slurmstepd above it
+    assert checks.scan_tasks("node2", forged) == []
+    other = fake_proc(tmp_path / "b", {100: (squeezed, "0"), 101: (task_env("6", "0", 0, "node2"), "0-1")})
+    (other / "100" / "stat").write_text("100 (python3) S 101 100 100 0 -1\n")  # under job 6's task
+    assert [t.job_id for t in checks.scan_tasks("node2", other)] == ["6"]
+    users = fake_proc(tmp_path / "c", {100: (squeezed, "0")}, stepd_uid=1000)  # a user's 'slurmstepd'
+    assert checks.scan_tasks("node2", users) == []
+    real = fake_proc(tmp_path / "d", {100: (squeezed, "0")})
+    assert [t.pid for t in checks.scan_tasks("node2", real)] == [100]
 
 
 def test_scan_tasks_skips_processes_of_other_namespaces(tmp_path: Path) -> None:
@@ -195,22 +230,41 @@ def test_checkpoint_too_little_free_space(tmp_path: Path) -> None:
     assert res.status == CRITICAL and "MiB free (< 1e+12 MiB)" in res.message
 
 
-def test_checkpoint_write_error_and_missing_path(tmp_path: Path) -> None:
-    # A directory where the check's probe file should go: the write fails like on a broken volume.
-    (tmp_path / f".slurm-chaos-health.node1.{os.getpid()}").mkdir()
+def test_checkpoint_write_error_and_missing_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The write fails like on a broken volume (here: the file exists; it is never written through).
+    monkeypatch.setattr(checks.secrets, "token_hex", lambda n: "fixed")
+    (tmp_path / ".slurm-chaos-health.node1.fixed").mkdir()
     res = checks.check_checkpoint("node1", str(tmp_path), [], TH, NOW)
     assert res.status == CRITICAL and res.message.startswith(f"cannot write to {tmp_path}")
     assert checks.check_checkpoint("node1", str(tmp_path / "nope"), [], TH, NOW).status == WARNING
 
 
-def test_checkpoint_hanging_write_is_bounded(tmp_path: Path) -> None:
-    fifo = tmp_path / f".slurm-chaos-health.node1.{os.getpid()}"
-    os.mkfifo(fifo)  # opening it for writing blocks until a reader comes: a hung storage server
+def test_checkpoint_probe_never_writes_through_a_users_file_or_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for pid in range(os.getpid() - 50, os.getpid() + 50):  # the names the probe file once had
+        (ckpt / f".slurm-chaos-health.node1.{pid}").symlink_to(victim)
+    assert checks.check_checkpoint("node1", str(ckpt), [], TH, NOW).status == OK
+    monkeypatch.setattr(checks.secrets, "token_hex", lambda n: "guessed")
+    (ckpt / ".slurm-chaos-health.node1.guessed").symlink_to(victim)  # even a name guessed right
+    res = checks.check_checkpoint("node1", str(ckpt), [], TH, NOW)
+    assert res.status == CRITICAL and "File exists" in res.message
+    assert victim.read_text() == "precious\n" and (ckpt / ".slurm-chaos-health.node1.guessed").is_symlink()
+
+
+def test_checkpoint_hanging_write_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    # A write that blocks, as on a hung storage server.
+    monkeypatch.setattr(checks, "_write_probe", lambda directory, prefix: release.wait(10))
     try:
         res = checks.check_checkpoint("node1", str(tmp_path), [], Thresholds(checkpoint_timeout_s=0.3), NOW)
         assert res.status == CRITICAL and "hangs (> 0.3 s)" in res.message
     finally:
-        threading.Thread(target=lambda: open(fifo, "rb").close(), daemon=True).start()
+        release.set()
 
 
 def test_checkpoint_failures_from_the_probe_heartbeat(tmp_path: Path) -> None:

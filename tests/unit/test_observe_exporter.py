@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -98,6 +99,39 @@ def test_health_check_results_per_node_and_check(tmp_path: Path) -> None:
     )  # not enabled
     assert value("slurm_chaos_health_check_age_seconds", {"node": "node2"}) == pytest.approx(3)
     assert value("slurm_chaos_health_check_ok", {"node": "node4", "check": "numa"}) is None  # stale
+
+
+def test_one_bad_file_never_fails_the_scrape(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10)])
+    bad = {"job_id": "12", "rank": 7, "host": "node2", "time": NOW, "step": 1e999, "window": 5}
+    (tmp_path / "hb" / "node2" / "12" / "12.7.json").write_text(json.dumps(bad))
+    states = tmp_path / "health"
+    states.mkdir()
+    (states / "node1.json").write_text(json.dumps({"node": "node1", "time": "soon", "results": []}))
+    (states / "node2.json").write_text(
+        json.dumps({"node": "node3", "time": NOW, "results": []})
+    )  # not its own
+    (states / "node3.json").write_text(json.dumps({"node": "node3", "time": NOW, "results": [{"check": 1}]}))
+    reg = registry(tmp_path)
+    value = reg.get_sample_value
+    assert value("slurm_chaos_probe_step_seconds", labels(1, "node2", world=2)) == pytest.approx(0.12)
+    assert value("slurm_chaos_exporter_rejected_files", {"kind": "heartbeat"}) == 1
+    assert value("slurm_chaos_exporter_rejected_files", {"kind": "health"}) == 2
+    assert value("slurm_chaos_health_check_age_seconds", {"node": "node3"}) == 0
+
+
+def test_health_state_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    states = tmp_path / "health"
+    states.mkdir()
+    result = [{"check": "numa", "status": 2, "message": "forged"}]
+    (states / "node2.json").write_text(json.dumps({"node": "node2", "time": NOW, "results": result}))
+    os.chown(states / "node2.json", 4242, 4242)  # not the health check's own file
+    reg = registry(tmp_path)
+    assert reg.get_sample_value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) is None
+    os.chown(states / "node2.json", 0, 0)
+    states.chmod(0o1777)  # a directory anyone may write in
+    assert reg.get_sample_value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) is None
+    assert reg.get_sample_value("slurm_chaos_exporter_rejected_files", {"kind": "health"}) == 1
 
 
 def _free_port() -> int:

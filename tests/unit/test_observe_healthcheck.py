@@ -222,3 +222,19 @@ def test_install_writes_an_executable_hook_with_the_sites_signals(tmp_path: Path
     assert "checkpoint: /lustre/scratch/slurm-chaos/checkpoints does not exist" in done.stdout
     assert "straggler: no running probe rank" in done.stdout and "gpu_throttle" not in done.stdout
     assert sys.executable in hook.read_text()
+
+
+def test_install_writes_the_hooks_that_give_each_job_its_heartbeat_directory(tmp_path: Path) -> None:
+    site = load_site(REPO / "site_configs/h100-ib-example.yaml")
+    hc.install_healthcheck(tmp_path, site, heartbeats=tmp_path / "hb")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"SLURM_JOB_ID": "5", "SLURMD_NODENAME": "nodeX", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "4343"}
+    job = tmp_path / "hb" / "nodeX" / "5"
+    for kind, exists in (("prolog", True), ("epilog", False)):
+        hook = tmp_path / f"{kind}.d" / hc.HEARTBEAT_HOOK_NAME
+        assert os.access(hook, os.X_OK)
+        done = subprocess.run([str(hook)], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert job.exists() == exists
+        if exists:
+            assert (job.stat().st_uid, job.stat().st_gid) == (4242, 4343)

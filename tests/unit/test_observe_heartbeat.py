@@ -1,13 +1,24 @@
-"""Heartbeat files: atomic, rate-limited, windowed means, read back and filtered by host."""
+"""Heartbeat files: atomic, rate-limited, windowed means, read back (only as far as they are trusted)
+and filtered by host; the job's own directory made by the prolog."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from slurm_chaos.observe.heartbeat import Beat, Heartbeat, heartbeat_dir, read_heartbeats, straggler_ratio
+from slurm_chaos.observe.heartbeat import (
+    Beat,
+    Heartbeat,
+    heartbeat_dir,
+    hook_main,
+    read_heartbeats,
+    scan_heartbeats,
+    straggler_ratio,
+)
 
 
 class Clock:
@@ -44,10 +55,11 @@ def test_update_writes_at_most_once_per_interval_with_window_means(tmp_path: Pat
 def test_file_name_and_no_temporary_files_left(tmp_path: Path) -> None:
     hb = Heartbeat(tmp_path / "new", "7", 0, "node1")
     hb.update(0, 0.1, 0.1, 0.0)
-    assert [p.name for p in (tmp_path / "new").iterdir()] == ["7.0.json"]
-    assert json.loads((tmp_path / "new" / "7.0.json").read_text())["host"] == "node1"
+    job = tmp_path / "new" / "node1" / "7"
+    assert [p.name for p in job.iterdir()] == ["7.0.json"]
+    assert json.loads((job / "7.0.json").read_text())["host"] == "node1"
     hb.close()
-    assert list((tmp_path / "new").iterdir()) == []
+    assert list(job.iterdir()) == []
 
 
 def test_unwritable_directory_turns_heartbeat_off_without_raising(tmp_path: Path) -> None:
@@ -85,3 +97,83 @@ def test_straggler_ratio_against_median_of_other_ranks_of_the_same_job() -> None
     assert straggler_ratio(beats[3], beats) == pytest.approx(0.20 / 0.10)
     assert straggler_ratio(beats[0], beats) == pytest.approx(0.10 / 0.11)
     assert straggler_ratio(beats[4], beats) is None
+
+
+# ---------------------------------------------------------------- what a reader trusts
+
+
+def _file(base: Path, node: str, job: str, rank: int, owner: int | None = None, **lies: object) -> Path:
+    """A heartbeat file of `job`'s rank `rank` in node's directory; `lies` overwrite its fields."""
+    data = {"job_id": job, "rank": rank, "host": node, "time": time.time(), "step": 1, "window": 10}
+    data |= {"step_time": 0.1, "compute_time": 0.1, "comm_time": 0.0, **lies}
+    path = base / node / job / f"{job}.{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return path
+
+
+def test_a_file_is_trusted_only_as_its_directory_vouches_for_it(tmp_path: Path) -> None:
+    base = tmp_path / "hb"
+    _file(base, "node1", "5", 0)
+    _file(base, "node1", "5", 1, host="node2")  # a rank of node1's directory claiming node2
+    _file(base, "node1", "5", 2, job_id="6")  # another job's rank in job 5's directory
+    _file(base, "node1", "5", 3, owner=4242)  # someone else's file in the job's directory
+    (base / "node1" / "5" / "5.4.json").symlink_to(_file(base, "node1", "9", 4))  # a link
+    _file(base, "node1", "5", 5, step=1e999)  # malformed: never fatal to the others
+    scan = scan_heartbeats(base)
+    assert [(b.job_id, b.rank) for b in scan.beats] == [("5", 0), ("9", 4)]
+    why = "\n".join(scan.rejected)
+    assert "5.1.json: says job 5 rank 1 on node2" in why and "5.2.json: says job 6" in why
+    assert "5.3.json: owned by uid 4242, not by the job's user 0" in why
+    assert "5.4.json: Too many levels of symbolic links" in why and "5.5.json: malformed" in why
+
+
+def test_time_is_never_later_than_the_files_last_change(tmp_path: Path) -> None:
+    path = _file(tmp_path, "node1", "5", 0, time=1e12)
+    (beat,) = read_heartbeats(tmp_path)
+    assert beat.time == pytest.approx(path.stat().st_ctime) and not beat.fresh(beat.time + 60)
+
+
+def test_a_heartbeat_directory_others_may_write_is_not_trusted(tmp_path: Path) -> None:
+    _file(tmp_path / "hb", "node1", "5", 0)
+    (tmp_path / "hb").chmod(0o1777)
+    assert read_heartbeats(tmp_path / "hb") == []
+    (tmp_path / "hb").chmod(0o755)
+    os.chown(tmp_path / "hb" / "node1", 4242, 4242)  # a node directory not made by the prolog's root
+    assert read_heartbeats(tmp_path / "hb") == []
+    os.chown(tmp_path / "hb" / "node1", 0, 0)
+    (tmp_path / "hb" / "node1" / "5").chmod(0o777)  # a job directory its user opened to everyone
+    assert read_heartbeats(tmp_path / "hb") == []
+    (tmp_path / "link").symlink_to(tmp_path / "hb")
+    assert "Not a directory" in scan_heartbeats(tmp_path / "link").rejected[0]
+
+
+def test_prolog_makes_the_jobs_own_directory_and_the_epilog_removes_it(tmp_path: Path) -> None:
+    base = tmp_path / "hb"
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "4343"}
+    assert hook_main(["prolog", "--dir", str(base)], env) == 0
+    job = base / "node3" / "77"
+    st = job.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4242, 4343, 0o755)
+    assert (base.stat().st_mode & 0o7777, (base / "node3").stat().st_uid) == (0o755, 0)
+    _file(base, "node3", "77", 0, owner=4242)
+    (job / "squat").symlink_to(tmp_path)  # whatever the job left, no link is followed
+    assert hook_main(["prolog", "--dir", str(base)], env) == 0  # a requeue: made afresh
+    assert list(job.iterdir()) == [] and tmp_path.exists()
+    assert hook_main(["epilog", "--dir", str(base)], env) == 0
+    assert not job.exists()
+
+
+def test_prolog_refuses_a_heartbeat_directory_others_may_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "hb"
+    base.mkdir(mode=0o755)
+    base.chmod(0o1777)
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "1"}
+    assert hook_main(["prolog", "--dir", str(base)], env) == 0
+    assert not (base / "node3").exists() and "not a directory of uid 0's alone" in capsys.readouterr().err
+    assert hook_main(["prolog", "--dir", str(base)], {**env, "SLURM_JOB_ID": "../x"}) == 0
+    assert "bad node or job name" in capsys.readouterr().err

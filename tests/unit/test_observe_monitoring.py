@@ -37,7 +37,8 @@ def test_prometheus_config_points_at_this_sandboxs_ports(layout: Layout) -> None
         shipped("site_configs") / "alerts" / "slurm-chaos.rules.yml"
     ).read_text()
     assert monitoring.sandbox_heartbeat_dir("t-obs") == layout.root / "heartbeat"
-    assert (layout.root / "heartbeat").stat().st_mode & 0o1777 == 0o1777
+    # Root's alone: each job gets a directory of its own in it from the prolog.
+    assert (layout.root / "heartbeat").stat().st_mode & 0o7777 == 0o755
 
 
 def test_services_listen_on_loopback_with_state_under_the_sandbox(layout: Layout) -> None:

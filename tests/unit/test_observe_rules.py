@@ -37,6 +37,7 @@ def test_rules_are_valid() -> None:
     for name in ("ChaosStepTimeRegression", "ChaosStraggler", "ChaosCheckpointFailing", "ChaosNumaMismatch"):
         assert name in names
     assert {"ChaosGpuXid", "ChaosGpuThrottle"} <= names
+    assert {"ChaosExporterDown", "ChaosExporterRejectedInput"} <= names
 
 
 @pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing")
@@ -52,6 +53,73 @@ def test_alertmanager_config_is_valid() -> None:
 
 def _alert(labels: dict[str, str], summary: str) -> dict[str, object]:
     return {"exp_labels": labels, "exp_annotations": {"summary": summary}}
+
+
+def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
+    up = 'up{job="slurm-chaos",instance="127.0.0.1:17015"}'
+    labels = {
+        "severity": "critical",
+        "signal": "exporter",
+        "job": "slurm-chaos",
+        "instance": "127.0.0.1:17015",
+    }
+    summary = "the slurm-chaos exporter 127.0.0.1:17015 is down or failing: the slurm-chaos alerts are blind"
+    never = {"severity": "critical", "signal": "exporter", "job": "slurm-chaos"}
+    never_summary = "the slurm-chaos exporter  is down or failing: the slurm-chaos alerts are blind"
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                # Up, then its scrapes fail from 4 s (a crash, or a scrape that raises: up is 0 either way).
+                "input_series": [{"series": up, "values": "1 1 0x10"}],
+                "alert_rule_test": [
+                    {"eval_time": "2s", "alertname": "ChaosExporterDown", "exp_alerts": []},
+                    {
+                        "eval_time": "16s",
+                        "alertname": "ChaosExporterDown",
+                        "exp_alerts": [_alert(labels, summary)],
+                    },
+                ],
+            },
+            {
+                "interval": "2s",
+                "input_series": [{"series": 'up{job="node"}', "values": "1x10"}],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "12s",
+                        "alertname": "ChaosExporterDown",
+                        "exp_alerts": [_alert(never, never_summary)],
+                    }
+                ],
+            },
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_rejected_input_files_warn(tmp_path: Path) -> None:
+    series = 'slurm_chaos_exporter_rejected_files{instance="e:1",job="slurm-chaos",kind="heartbeat"}'
+    labels = {"severity": "warning", "signal": "exporter", "instance": "e:1", "kind": "heartbeat"}
+    summary = "the slurm-chaos exporter e:1 skips 2 heartbeat file(s): malformed or not trusted"
+    done = promtool_test(
+        tmp_path,
+        [
+            {
+                "interval": "2s",
+                "input_series": [{"series": series, "values": "0 0 2x20"}],
+                "alert_rule_test": [
+                    {"eval_time": "20s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
+                    {
+                        "eval_time": "40s",
+                        "alertname": "ChaosExporterRejectedInput",
+                        "exp_alerts": [_alert(labels, summary)],
+                    },
+                ],
+            }
+        ],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_straggler_fires_after_its_for_duration_and_resolves(tmp_path: Path) -> None:

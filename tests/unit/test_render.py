@@ -10,7 +10,7 @@ import pytest
 
 from slurm_chaos.errors import UsageError
 from slurm_chaos.experiment import Experiment, Fault, load_experiment
-from slurm_chaos.render import render_experiment, render_job
+from slurm_chaos.render import render_experiment, render_job, unknown_features
 from slurm_chaos.site import load_site
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -57,3 +57,23 @@ def test_too_many_nodes_is_refused_before_anything_is_written(tmp_path: Path) ->
     with pytest.raises(UsageError, match=r"safety\.max_nodes is 4"):
         render_experiment(site, big, out, "r1")
     assert not out.exists()
+
+
+def test_constraint_must_name_features_the_site_lists(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment("numa-mismatch")
+    typo = Experiment(**{**exp.__dict__, "constraint": "fsat"})
+    features = {"fast": ("n01",), "a100": ("n01",)}
+    with_features = type(site)(**{**site.__dict__, "features": features})
+    with pytest.raises(UsageError, match="names features no node has: fsat"):
+        render_experiment(with_features, typo, tmp_path / "out", "r1")
+    assert not (tmp_path / "out").exists()
+    render_experiment(site, typo, tmp_path / "unchecked", "r1")  # a site without features: not checked
+
+
+@pytest.mark.parametrize(
+    ("constraint", "unknown"),
+    [("fast", []), ("fast&a100", []), ("[fast|a100]*2", []), ("fast&h100", ["h100"]), ("", [])],
+)
+def test_unknown_features(constraint: str, unknown: list[str]) -> None:
+    assert unknown_features(constraint, {"fast": (), "a100": ()}) == unknown

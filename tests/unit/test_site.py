@@ -79,6 +79,23 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
         (lambda d: d["nodes"]["gpus"][1].update(numa_node=5), "nodes.gpus.1.numa_node", "numa_nodes is 2"),
         (lambda d: d["racks"]["r1"].update(nodes="x[1-"), "racks.r1.nodes", "bad node list"),
         (lambda d: d["slurm"].update(reservation="other"), "slurm.reservation", "allowed_reservations"),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=["/scratch/ckpt", "/home/../etc"]),
+            "safety.allowed_checkpoint_roots.1",
+            "'..' component",
+        ),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=["scratch"]),
+            "safety.allowed_checkpoint_roots.0",
+            "does not match",
+        ),
+        (
+            lambda d: d["safety"].update(allowed_checkpoint_roots=[]),
+            "safety.allowed_checkpoint_roots",
+            "non-empty",
+        ),
+        (lambda d: d["checkpoint"].update(path="/scratch//ckpt/"), "checkpoint.path", "empty component"),
+        (lambda d: d.update(features={"fast": "n[07-09]"}), "features.fast", "['n09'] are in no partition"),
     ],
 )
 def test_bad_site_names_file_and_key(tmp_path: Path, mutate, key: str, words: str) -> None:  # type: ignore[no-untyped-def]
@@ -90,3 +107,43 @@ def test_bad_site_names_file_and_key(tmp_path: Path, mutate, key: str, words: st
     assert exc.value.key == key
     assert words in exc.value.problem
     assert str(exc.value).startswith(f"{path}: {key}: ")
+
+
+def test_allowed_checkpoint_roots_default_to_the_checkpoint_path(tmp_path: Path) -> None:
+    data = _golden()
+    site = load_site(_write(tmp_path, data))
+    assert site.safety.allowed_checkpoint_roots == (site.checkpoint.path,)
+    data["safety"]["allowed_checkpoint_roots"] = ["/scratch/a", "/scratch/b"]  # type: ignore[index]
+    assert load_site(_write(tmp_path, data)).safety.allowed_checkpoint_roots == ("/scratch/a", "/scratch/b")
+
+
+def test_features_list_their_nodes(tmp_path: Path) -> None:
+    data = _golden()
+    data["features"] = {"a100": "n[01-04]", "fast": "n[01-08]"}
+    site = load_site(_write(tmp_path, data))
+    assert site.features["a100"] == ("n01", "n02", "n03", "n04") and len(site.features["fast"]) == 8
+    assert load_site(GOLDEN).features == {}
+
+
+def test_every_todo_left_is_named_with_its_key(tmp_path: Path) -> None:
+    """`site init` writes what Slurm cannot tell as "TODO: ..."; loading names each one, exit 2."""
+    data = _golden()
+    data["checkpoint"]["path"] = "TODO: a directory on the shared filesystem"
+    data["safety"]["allowed_users"] = "TODO: who may run experiments"
+    data["nodes"]["gpus"][1] = "TODO: GPU 1 and its NUMA node"
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as exc:
+        load_site(path)
+    assert exc.value.exit_code == 2
+    assert exc.value.key == "checkpoint.path"  # the first in the file
+    assert str(exc.value).splitlines() == [
+        f"{path}: checkpoint.path: still TODO: a directory on the shared filesystem; 2 more TODO entries:",
+        f"  {path}: nodes.gpus.1: TODO: GPU 1 and its NUMA node",
+        f"  {path}: safety.allowed_users: TODO: who may run experiments",
+    ]
+
+
+def test_todo_inside_a_value_is_not_a_todo(tmp_path: Path) -> None:
+    data = _golden()
+    data["description"] = "Nothing left TODO: done"
+    assert load_site(_write(tmp_path, data)).description == "Nothing left TODO: done"

@@ -14,6 +14,7 @@ from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm import select
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 from slurm_chaos.slurm.model import JobState
+from slurm_chaos.slurm.pyslurm_backend import PyslurmScheduler
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 V22 = DATA / "slurm-22.05"
@@ -48,6 +49,11 @@ def slurm(
             a, (V22 / "scontrol_show_reservation_oneliner.txt").read_text()
         ),
         "sbatch": lambda a: ok(a, "4242\n"),
+        "scontrol -o show partition": lambda a: ok(
+            a, (V22 / "scontrol_show_partition_oneliner.txt").read_text()
+        ),
+        "scontrol -o show topology": lambda a: ok(a, (V22 / "scontrol_show_topology.txt").read_text()),
+        "scontrol show config": lambda a: ok(a, (V22 / "scontrol_show_config.txt").read_text()),
     }
     table.update(overrides or {})
 
@@ -274,6 +280,43 @@ def test_reservation_and_missing_reservation() -> None:
         SlurmCLI(ENV, missing).reservation("nosuch")
 
 
+def test_cluster_layout_queries() -> None:
+    """What onboarding reads: one scontrol call each, text in every Slurm version."""
+    runner = slurm(V24)
+    cli = SlurmCLI(ENV, runner)
+    assert list(cli.partitions()) == ["debug"]
+    assert [s.name for s in cli.topology() if s.leaf] == ["sw1", "sw2"]
+    assert list(cli.reservations()) == ["maint"]
+    assert cli.cluster_config().name == "chaos3"
+    assert runner.calls == [
+        ("scontrol", "-o", "show", "partition"),
+        ("scontrol", "-o", "show", "topology"),
+        ("scontrol", "-o", "show", "reservation"),
+        ("scontrol", "show", "config"),
+    ]
+
+
+def test_no_topology_plugin_and_no_reservation() -> None:
+    # src/api/topo_info.c: with no switch records scontrol prints this error and nothing on stdout.
+    no_topo = Completed((), 1, "", "scontrol: error: No topology information available\n")
+    runner = slurm(
+        V22,
+        {
+            "scontrol -o show topology": lambda a: no_topo,
+            "scontrol -o show reservation": lambda a: ok(
+                a, (V22 / "scontrol_show_reservation_none.txt").read_text()
+            ),
+        },
+    )
+    cli = SlurmCLI(ENV, runner)
+    assert cli.topology() == [] and cli.reservations() == {}
+    broken = slurm(
+        V22, {"scontrol -o show topology": lambda a: Completed(a, 1, "", "slurm_load_topo error\n")}
+    )
+    with pytest.raises(SlurmError, match="slurm_load_topo error"):
+        SlurmCLI(ENV, broken).topology()
+
+
 def test_accounting_has_every_run_and_step() -> None:
     runner = slurm(
         V22, {"sacct": lambda a: ok(a, (V22 / "sacct_steps_duplicates.parsable2.txt").read_text())}
@@ -311,6 +354,20 @@ def test_cli_when_pyslurm_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(select.select_scheduler(ENV, slurm(V22)), SlurmCLI)
 
 
+def test_pyslurm_nodes_carry_hardware_and_the_layout_comes_from_the_cli() -> None:
+    node = SimpleNamespace(
+        name="gpu001", state="IDLE", total_cpus=112, sockets=2, cores_per_socket=56, threads_per_core=1
+    )
+    pyslurm = SimpleNamespace(Nodes=SimpleNamespace(load=lambda: {"gpu001": node}), RPCError=RuntimeError)
+    runner = slurm(V22)
+    scheduler = PyslurmScheduler(pyslurm, SlurmCLI(ENV, runner))  # type: ignore[arg-type]
+    info = scheduler.nodes()["gpu001"]
+    assert (info.cpus, info.sockets, info.cores_per_socket, info.threads_per_core) == (112, 2, 56, 1)
+    assert list(scheduler.partitions()) == ["debug"] and scheduler.cluster_config().name == "chaos3"
+    assert [s.name for s in scheduler.topology()] == ["sw1", "sw2", "spine"]
+    assert list(scheduler.reservations()) == ["maint"]
+
+
 def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None:
     """Recorded on the sandbox: right after a job ends slurmdbd holds an `allocation` stub record."""
     runner = slurm(
@@ -326,13 +383,7 @@ def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None
 
 
 def test_job_record_from_squeue_fields_a_user_cannot_write() -> None:
-    runner = slurm(
-        V22,
-        {
-            "squeue": lambda a: ok(a, (V22 / "squeue_job_record.txt").read_text()),
-            "sinfo --noheader": lambda a: ok(a, (V22 / "sinfo_oversubscribe.txt").read_text()),
-        },
-    )
+    runner = slurm(V22, {"squeue": lambda a: ok(a, (V22 / "squeue_job_record.txt").read_text())})
     cli = SlurmCLI(ENV, runner)
     job = cli.job_record("1")
     # The job's name holds " AdminComment=slurm-chaos=evil|y": squeue -O never prints it.

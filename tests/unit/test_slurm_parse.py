@@ -9,7 +9,7 @@ import pytest
 
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.slurm import parse
-from slurm_chaos.slurm.model import JobState
+from slurm_chaos.slurm.model import Gres, JobState
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 V22 = DATA / "slurm-22.05"
@@ -230,6 +230,84 @@ def test_draining_node_is_not_drained() -> None:
     assert node.drain and not node.drained
 
 
+@pytest.mark.parametrize(("parser", "path"), NODE_SOURCES[:4], ids=lambda x: getattr(x, "name", ""))
+def test_node_hardware(parser: object, path: Path) -> None:
+    """The recorded nodes declare CPUs=2 only: Slurm counts each CPU as a socket of one core."""
+    node = parser(text(path))["node1"]  # type: ignore[operator]
+    assert (node.cpus, node.sockets, node.cores_per_socket, node.threads_per_core) == (2, 2, 1, 1)
+    assert node.gres == ()
+
+
+@pytest.mark.parametrize(
+    ("parser", "name"),
+    [
+        (parse.parse_scontrol_nodes, "scontrol_show_node_gres_oneliner.txt"),
+        (parse.parse_nodes_json, "sinfo_gres.json"),
+    ],
+)
+def test_node_gres_with_their_sockets(parser: object, name: str) -> None:
+    nodes = parser(text(V22 / name))  # type: ignore[operator]
+    assert nodes["node1"].gres == (Gres("gpu", "tesla", 2, (0,)),)
+    assert nodes["node3"].gres == (Gres("gpu", "a100", 1, (0,)), Gres("gpu", "t4", 1, (0,)))
+    assert nodes["node4"].gres == (Gres("gpu", "tesla", 2, ()),)
+
+
+@pytest.mark.parametrize(
+    ("gres", "expected"),
+    [
+        # Shapes of src/common/gres.c _build_node_gres_str: sockets as bit_fmt writes them, counts
+        # with a K/M/G suffix, no type, no count (one).
+        ("gpu:h100:8(S:0-1)", (Gres("gpu", "h100", 8, (0, 1)),)),
+        ("gpu:h100:4(S:0),gpu:h100:4(S:1)", (Gres("gpu", "h100", 4, (0,)), Gres("gpu", "h100", 4, (1,)))),
+        ("gpu:2(S:0,2),mps:4K", (Gres("gpu", "", 2, (0, 2)), Gres("mps", "", 4096, ()))),
+        ("gpu", (Gres("gpu", "", 1, ()),)),
+        ("(null)", ()),
+        ("", ()),
+    ],
+)
+def test_gres_strings(gres: str, expected: tuple[Gres, ...]) -> None:
+    assert parse.parse_gres(gres) == expected
+
+
+def test_unreadable_gres_is_a_slurm_error() -> None:
+    with pytest.raises(SlurmError, match="cannot read GRES"):
+        parse.parse_gres("gpu:2(S:0")
+
+
+# ------------------------------------------------------------------ partitions, topology, config
+
+
+def test_partitions() -> None:
+    (debug,) = parse.parse_scontrol_partitions(text(V22 / "scontrol_show_partition_oneliner.txt")).values()
+    assert (debug.name, debug.nodes, debug.default, debug.state) == (
+        "debug",
+        ("node1", "node2", "node3", "node4"),
+        True,
+        "UP",
+    )
+
+
+def test_topology_leaves_and_spine() -> None:
+    switches = parse.parse_scontrol_topology(text(V22 / "scontrol_show_topology.txt"))
+    assert [(s.name, s.level, s.nodes, s.switches) for s in switches] == [
+        ("sw1", 0, ("node1", "node2"), ()),
+        ("sw2", 0, ("node3", "node4"), ()),
+        ("spine", 1, ("node1", "node2", "node3", "node4"), ("sw1", "sw2")),
+    ]
+    assert [s.leaf for s in switches] == [True, True, False]
+    assert parse.parse_scontrol_topology("") == []
+
+
+def test_cluster_config() -> None:
+    config = parse.parse_scontrol_config(text(V22 / "scontrol_show_config.txt"))
+    etc = "/var/lib/slurm-chaos/sandboxes/hinit/etc"
+    assert (config.name, config.plugstack_conf, config.topology_plugin) == (
+        "chaos3",
+        f"{etc}/plugstack.conf",
+        "topology/tree",
+    )
+
+
 # ------------------------------------------------------------------ reservations and jobs
 
 
@@ -239,6 +317,10 @@ def test_reservation(name: str) -> None:
     assert resv.nodes == ("node3", "node4") and resv.users == ("root",) and resv.accounts == ()
     assert {"MAINT", "IGNORE_JOBS"} <= resv.flags and resv.state == "ACTIVE"
     assert resv.start == SUBMIT and resv.end == datetime(2026, 11, 30, 6, 49, 6, tzinfo=UTC)
+
+
+def test_no_reservation() -> None:
+    assert parse.parse_scontrol_reservations(text(V22 / "scontrol_show_reservation_none.txt")) == {}
 
 
 def test_scontrol_jobs_one_liner_and_multi_line() -> None:

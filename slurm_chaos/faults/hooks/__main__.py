@@ -98,6 +98,7 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         uid=decision.facts.uid,
         gid=int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else None,
         log_file=args.log_file,
+        ckpt_roots=args.ckpt_root,
     )
     log.info(
         "prolog: job %s on %s: SPEC %s granted: applied [%s] failed [%s] agent %s %s",
@@ -142,6 +143,7 @@ def main(
     p.add_argument("--policy", type=Path, default=_default_policy(environ))
     p.add_argument("--audit-log", type=Path, default=authz.DEFAULT_AUDIT_LOG)
     p.add_argument("--deadline", type=float, default=agent.DEFAULT_DEADLINE_S)
+    p.add_argument("--ckpt-root", action="append", default=[], help="an allowed checkpoint root (repeatable)")
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
     agent.ensure_system_path()
