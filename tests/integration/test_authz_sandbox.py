@@ -150,12 +150,14 @@ class Authz:
     def snapshots(self) -> dict[str, dict[str, object]]:
         return {n: self.snapshot(n) for n in self.nodes}
 
-    def audit(self, job: str) -> list[str]:
-        """The decisions the prologs logged for a job ("granted" or "refused: why")."""
+    def audit(self, job: str, since: float) -> list[str]:
+        """The decisions the prologs logged for a job since a time ("granted" or "refused: why").
+
+        Job ids start again at 1 when a sandbox is made anew; its logs are kept."""
         if not self.audit_log.exists():
             return []
         entries = [json.loads(line) for line in self.audit_log.read_text().splitlines()]
-        mine = [e for e in entries if e["job_id"] == job]
+        mine = [e for e in entries if e["job_id"] == job and e["time"] >= since]
         return [e["decision"] + (f": {e['reason']}" if e["reason"] else "") for e in mine]
 
     def wait_gone(self, job: str) -> None:
@@ -265,10 +267,11 @@ def assert_no_fault(authz: Authz, journals_before: set[Path], output: str = "") 
 
 def test_allowed_user_on_exclusive_nodes_gets_the_fault(authz: Authz, unchanged: set[Path]) -> None:
     """The control: the detection below does see a fault when the policy grants one."""
+    start = time.time()
     res, job, out = batch(authz, "chaosok", "-N1", "--exclusive", f"--chaos={SPEC}")
     assert res.ok, res.stderr
     assert "tbf cafe:" in out, out
-    assert authz.audit(job) == ["granted"]
+    assert authz.audit(job, start) == ["granted"]
     assert authz.journals() - unchanged
 
 
@@ -303,6 +306,7 @@ def test_allowed_user_without_exclusive_nodes_gets_no_fault(authz: Authz, unchan
     assert res.returncode != 0 and "does not hold its nodes exclusively" in res.stderr
     assert_no_fault(authz, unchanged, out)
     # Marked by an administrator anyway: the prolog refuses it from slurmctld's facts.
+    start = time.time()
     out_path = authz.users["chaosok"].home / f"job-{uuid.uuid4().hex[:8]}.out"
     held = authz.as_user(
         "chaosok", "sbatch", "--parsable", "--hold", "-N1", "-n1", "-o", str(out_path), "--wrap",
@@ -313,7 +317,7 @@ def test_allowed_user_without_exclusive_nodes_gets_no_fault(authz: Authz, unchan
     assert authz.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={SPEC}"]).ok
     assert authz.run(["scontrol", "release", job]).ok
     authz.wait_gone(job)
-    assert authz.audit(job) == [
+    assert authz.audit(job, start) == [
         "refused: the job does not hold its nodes exclusively (require_exclusive: submit with --exclusive)"
     ]
     assert_no_fault(authz, unchanged, out_path.read_text())

@@ -358,6 +358,7 @@ def test_unprivileged_user_refused_at_submission(plugin: PluginSandbox, unprivil
 def test_slurmctld_records_the_canonical_spec_and_the_prolog_grants_it(plugin: PluginSandbox) -> None:
     """job_submit.lua puts the canonical SPEC in the job's AdminComment, which only an administrator
     can set; the prolog grants that, never the job's own SPANK_SLURM_CHAOS_SPEC."""
+    start = time.time()
     result = plugin.run(
         [
             "sbatch", "--wait", "--parsable", "--exclusive", "-N1", "--chaos=nccl-degrade:channels=2",
@@ -370,7 +371,7 @@ def test_slurmctld_records_the_canonical_spec_and_the_prolog_grants_it(plugin: P
     assert comment.strip().rstrip("|") == "slurm-chaos=nccl-degrade:channels=2"
     audit = Path(plugin.args.policy).parent.parent / "log" / "slurm-chaos-audit.log"
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
-    mine = [e for e in entries if e["job_id"] == job]
+    mine = [e for e in entries if e["job_id"] == job and e["time"] >= start]  # ids repeat in a new sandbox
     assert [(e["decision"], e["spec"], e["user"], e["exclusive"]) for e in mine] == [
         ("granted", "nccl-degrade:channels=2", "root", True)
     ]
