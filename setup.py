@@ -27,6 +27,7 @@ setup(
             "experiments/*.yaml",
             "suites/*.yaml",
             "faults/*.json",
+            "faults/*.lua",
         ],
         **{f"slurm_chaos.{d}": patterns for d, patterns in SHIPPED.items()},
     },

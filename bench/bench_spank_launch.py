@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
     so = build_plugin(prefix, SubprocessRunner())
     lines = {
         "A": None,
-        "B": plugstack_line(so, PluginArgs(allow_users=("root",), journal_dir=str(prefix / "journal"))),
+        # The no-op path (no --chaos) never reads the policy: any path will do.
+        "B": plugstack_line(
+            so, PluginArgs(policy=str(prefix / "policy.toml"), journal_dir=str(prefix / "journal"))
+        ),
         "C": f"required {build_null_plugin(prefix)}",
     }
     configs = ["A", "B", "C"] if args.null_plugin else ["A", "B"]

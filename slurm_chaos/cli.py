@@ -216,7 +216,11 @@ def _plugin_install(args: argparse.Namespace) -> int:
     journal = str(site_journal_root(load_site(args.site)))
     result = install_plugin(args.site, args.prefix, SubprocessRunner(), journal_dir=journal)
     print(f"installed {result.plugin_path}")
+    print(f"policy {result.policy_path}")
+    print(f"job_submit/lua {result.job_submit}")
     print(f"{result.plugstack_path}: {result.line}")
+    for note in result.notes:
+        print(f"NOTE: {note}")
     from slurm_chaos.faults.install_hooks import install_site_hooks
     from slurm_chaos.observe.healthcheck import install_healthcheck
 
@@ -428,7 +432,9 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
     ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install}")
     q = ps.add_parser(
-        "install", help="build the plugin, write its plugstack.conf line, install the node hooks"
+        "install",
+        help="write the policy and job_submit.lua, build the plugin, write its plugstack.conf line, "
+        "install the node hooks",
     )
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")

@@ -99,6 +99,8 @@ class Safety:
     require_exclusive: bool = True
     #: Directories under which node-side faults may act on a path the job names (ckpt-full).
     allowed_checkpoint_roots: tuple[str, ...] = ()
+    allow_arrays: bool = False
+    allow_het_jobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,8 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         allowed_reservations=tuple(d["safety"].get("allowed_reservations", ())),
         require_exclusive=d["safety"].get("require_exclusive", True),
         allowed_checkpoint_roots=_checkpoint_roots(path, d),
+        allow_arrays=d["safety"].get("allow_arrays", False),
+        allow_het_jobs=d["safety"].get("allow_het_jobs", False),
     )
     for i, part in enumerate(safety.allowed_partitions):
         if part not in partitions:

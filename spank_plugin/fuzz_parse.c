@@ -1,5 +1,5 @@
 /*
- * Fuzz target for every parser in parse.c (libFuzzer entry point).
+ * Fuzz target for every parser in parse.c and policy.c (libFuzzer entry point).
  *
  * Built with clang -fsanitize=fuzzer,address where clang exists; otherwise fuzz_driver.c
  * feeds it deterministic random inputs under gcc -fsanitize=address,undefined.
@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "parse.h"
+#include "policy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -41,11 +42,32 @@ static void fuzz_args(char *text)
 
 	for (char *tok = strtok(text, " "); tok && ac < 16; tok = strtok(NULL, " "))
 		av[ac++] = tok;
-	if (chaos_parse_args(ac, av, &cfg, err, sizeof(err)) == 0) {
-		struct chaos_job_facts f = { 1000, "alice", "acct", "debug", NULL, -1 };
+	chaos_parse_args(ac, av, &cfg, err, sizeof(err));
+}
 
-		chaos_policy_check(&cfg, &f, 1, err, sizeof(err));
-		chaos_policy_check(&cfg, &f, 0, err, sizeof(err));
+/* The policy and grant readers on the raw bytes (NULs included), then a decision. */
+static void fuzz_policy(const uint8_t *data, size_t size)
+{
+	static struct chaos_policy pol;
+	static struct chaos_grant g;
+	static char desc[4 * CHAOS_POLICY_MAX];
+	char err[256];
+
+	if (chaos_policy_parse((const char *)data, size, &pol, err, sizeof(err)) == 0) {
+		struct chaos_job_facts f = { .uid = 1000, .user = "alice", .account = "acct", .partition = "debug",
+					     .exclusive = -1, .array = 0, .het = -1, .nodes = 3 };
+
+		if (chaos_policy_describe(&pol, desc, sizeof(desc)))
+			abort();
+		chaos_policy_check(&pol, &f, 1, err, sizeof(err));
+		chaos_policy_check(&pol, &f, 0, err, sizeof(err));
+	}
+	if (chaos_grant_parse((const char *)data, size, &g, err, sizeof(err)) == 0) {
+		struct chaos_job_facts f;
+
+		chaos_grant_facts(&g, &f);
+		if (strlen(g.spec) > CHAOS_GRANT_SPEC_MAX)
+			abort();
 	}
 }
 
@@ -67,6 +89,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		chaos_format_cpulist(mask, sizeof(mask) / sizeof(mask[0]), list, sizeof(list));
 	chaos_json_string(text, json, sizeof(json));
 	fuzz_args(text);
+	fuzz_policy(data, size);
 	free(text);
 	return 0;
 }

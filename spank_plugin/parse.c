@@ -1,5 +1,5 @@
 /*
- * parse.c - SPEC grammar, plugstack.conf arguments, policy and small helpers (no spank.h).
+ * parse.c - SPEC grammar, plugstack.conf arguments and small helpers (no spank.h).
  *
  * Everything works on (pointer, length) views of the caller's text and writes only into
  * fixed-size buffers with explicit bounds: this code reads whatever a user types after
@@ -672,47 +672,14 @@ const struct chaos_request *chaos_find(const struct chaos_spec *spec, const char
 
 /* --- plugstack.conf arguments ---------------------------------------------------------- */
 
-static int parse_list(const char *arg, const char *value, struct chaos_list *l, char *err, size_t errlen)
+static int parse_path(const char *arg, const char *value, char *out, size_t len, char *err, size_t errlen)
 {
-	const char *p = value;
-
-	if (l->set) {
-		fmt(err, errlen, "plugstack argument '%s' given twice", arg);
+	if (value[0] != '/' || strlen(value) >= len) {
+		fmt(err, errlen, "plugstack argument '%s': expected an absolute path", arg);
 		return -1;
 	}
-	l->set = 1;
-	for (;;) {
-		const char *comma = strchr(p, ',');
-		size_t n = comma ? (size_t)(comma - p) : strlen(p);
-
-		if (n == 0 || n >= CHAOS_NAME_MAX) {
-			fmt(err, errlen, "plugstack argument '%s': empty or too long entry", arg);
-			return -1;
-		}
-		if (l->n == CHAOS_LIST_MAX) {
-			fmt(err, errlen, "plugstack argument '%s': more than %d entries", arg, CHAOS_LIST_MAX);
-			return -1;
-		}
-		l->item[l->n].p = p;
-		l->item[l->n++].len = n;
-		if (!comma)
-			return 0;
-		p = comma + 1;
-	}
-}
-
-static int parse_bool(const char *arg, const char *value, int *out, char *err, size_t errlen)
-{
-	if (!strcmp(value, "1") || !strcmp(value, "yes") || !strcmp(value, "true")) {
-		*out = 1;
-		return 0;
-	}
-	if (!strcmp(value, "0") || !strcmp(value, "no") || !strcmp(value, "false")) {
-		*out = 0;
-		return 0;
-	}
-	fmt(err, errlen, "plugstack argument '%s': expected 1 or 0, got '%s'", arg, value);
-	return -1;
+	snprintf(out, len, "%s", value);
+	return 0;
 }
 
 static int parse_one_arg(const char *arg, struct chaos_config *cfg, char *err, size_t errlen)
@@ -722,27 +689,18 @@ static int parse_one_arg(const char *arg, struct chaos_config *cfg, char *err, s
 	const char *value = eq ? eq + 1 : "";
 
 #define IS(name) (klen == strlen(name) && !strncmp(arg, name, klen))
-	if (IS("allow_users"))
-		return parse_list("allow_users", value, &cfg->users, err, errlen);
-	if (IS("allow_accounts"))
-		return parse_list("allow_accounts", value, &cfg->accounts, err, errlen);
-	if (IS("allow_partitions"))
-		return parse_list("allow_partitions", value, &cfg->partitions, err, errlen);
-	if (IS("allow_reservations"))
-		return parse_list("allow_reservations", value, &cfg->reservations, err, errlen);
-	if (IS("require_exclusive"))
-		return parse_bool("require_exclusive", value, &cfg->require_exclusive, err, errlen);
-	if (IS("journal_dir")) {
-		if (value[0] != '/' || strlen(value) >= sizeof(cfg->journal_dir)) {
-			fmt(err, errlen, "plugstack argument 'journal_dir': expected an absolute path");
-			return -1;
-		}
-		snprintf(cfg->journal_dir, sizeof(cfg->journal_dir), "%s", value);
-		return 0;
+	if (IS("policy"))
+		return parse_path("policy", value, cfg->policy, sizeof(cfg->policy), err, errlen);
+	if (IS("journal_dir"))
+		return parse_path("journal_dir", value, cfg->journal_dir, sizeof(cfg->journal_dir), err, errlen);
+	if (IS("allow_users") || IS("allow_accounts") || IS("allow_partitions") || IS("allow_reservations") ||
+	    IS("require_exclusive")) {
+		fmt(err, errlen, "plugstack argument '%s': the rules are in the policy file now, not on this "
+		    "line (slurm-chaos plugin install writes it)", arg);
+		return -1;
 	}
 #undef IS
-	fmt(err, errlen, "unknown plugstack argument '%s' (known: allow_users, allow_accounts, "
-	    "allow_partitions, allow_reservations, require_exclusive, journal_dir)", arg);
+	fmt(err, errlen, "unknown plugstack argument '%s' (known: policy, journal_dir)", arg);
 	return -1;
 }
 
@@ -750,74 +708,10 @@ int chaos_parse_args(int ac, char *const *av, struct chaos_config *cfg, char *er
 {
 	memset(cfg, 0, sizeof(*cfg));
 	snprintf(cfg->journal_dir, sizeof(cfg->journal_dir), "%s", CHAOS_DEFAULT_JOURNAL_DIR);
+	snprintf(cfg->policy, sizeof(cfg->policy), "%s", CHAOS_DEFAULT_POLICY);
 	for (int i = 0; i < ac; i++)
 		if (!av[i] || parse_one_arg(av[i], cfg, err, errlen))
 			return -1;
-	return 0;
-}
-
-static int name_is(const struct chaos_name *item, const char *name)
-{
-	return name && strlen(name) == item->len && !memcmp(item->p, name, item->len);
-}
-
-int chaos_list_contains(const struct chaos_list *l, const char *name)
-{
-	for (size_t i = 0; i < l->n; i++)
-		if (name_is(&l->item[i], "*") || name_is(&l->item[i], name))
-			return 1;
-	return 0;
-}
-
-/* --- policy ------------------------------------------------------------------------------ */
-
-static int user_allowed(const struct chaos_config *cfg, const struct chaos_job_facts *f)
-{
-	char uid[32];
-
-	if (f->uid == 0)
-		return 1;
-	snprintf(uid, sizeof(uid), "%lu", (unsigned long)f->uid);
-	return chaos_list_contains(&cfg->users, f->user) || chaos_list_contains(&cfg->users, uid);
-}
-
-/* One allow_* rule on a fact that may be unknown (NULL). */
-static int check_rule(const struct chaos_list *l, const char *arg, const char *what, const char *value,
-		      int final, char *err, size_t errlen)
-{
-	if (!l->set)
-		return 0;
-	if (!value || !*value) {
-		if (!final)
-			return 0;
-		fmt(err, errlen, "the job's %s is not known but %s is set in plugstack.conf", what, arg);
-		return -1;
-	}
-	if (chaos_list_contains(l, value))
-		return 0;
-	fmt(err, errlen, "%s '%s' is not in %s", what, value, arg);
-	return -1;
-}
-
-int chaos_policy_check(const struct chaos_config *cfg, const struct chaos_job_facts *f,
-		       int final, char *err, size_t errlen)
-{
-	if (!user_allowed(cfg, f)) {
-		fmt(err, errlen, "user '%s' (uid %lu) may not inject faults (%s)",
-		    f->user ? f->user : "?", (unsigned long)f->uid,
-		    cfg->users.set ? "not in allow_users" : "only root unless allow_users is set");
-		return -1;
-	}
-	if (check_rule(&cfg->accounts, "allow_accounts", "account", f->account, final, err, errlen) ||
-	    check_rule(&cfg->partitions, "allow_partitions", "partition", f->partition, final, err, errlen) ||
-	    check_rule(&cfg->reservations, "allow_reservations", "reservation", f->reservation, final,
-		       err, errlen))
-		return -1;
-	if (cfg->require_exclusive && (f->exclusive == 0 || (f->exclusive < 0 && final))) {
-		fmt(err, errlen, "the job does not hold its nodes exclusively (require_exclusive=1: "
-		    "submit with --exclusive)");
-		return -1;
-	}
 	return 0;
 }
 

@@ -1,5 +1,5 @@
 /*
- * parse.h - the --chaos=SPEC grammar, the plugstack.conf arguments and the injection policy.
+ * parse.h - the --chaos=SPEC grammar, the plugstack.conf arguments and small helpers.
  *
  * Nothing here includes spank.h: this is the part of the plugin that reads untrusted input,
  * so it is unit-tested (test_parse.c) and fuzzed (fuzz_parse.c) on its own.
@@ -17,8 +17,6 @@
 #define CHAOS_MAX_KEYS 8        /* keys of one fault (checked by the generated catalogue) */
 #define CHAOS_VALUE_MAX 256     /* value text, NUL included (catalogue.py MAX_VALUE_LEN + 1) */
 #define CHAOS_SPEC_MAX 4096     /* SPEC length, NUL excluded (spec.py MAX_SPEC_LEN) */
-#define CHAOS_LIST_MAX 64       /* entries of one allow_* list */
-#define CHAOS_NAME_MAX 128      /* one user/account/partition/reservation name, NUL included */
 #define CHAOS_PATH_MAX 1024
 #define CHAOS_MAX_CPUS 4096
 
@@ -100,56 +98,19 @@ void chaos_format_fixed(double v, char *buf, size_t len);
 /* --- plugstack.conf arguments -------------------------------------------------------- */
 
 /*
- * Entries point into the argument strings (Slurm keeps a plugin's argv for its lifetime): no
- * copies, so the no-op path of every step touches a few hundred bytes, not kilobytes.
+ * Paths only: who may inject is in the root-owned policy file (policy.h), never on the
+ * plugstack.conf line, so a user's own plugstack.conf grants nothing.
  */
-struct chaos_name {
-	const char *p;
-	size_t len;
-};
-
-struct chaos_list {
-	int set;                        /* the argument was given */
-	size_t n;
-	struct chaos_name item[CHAOS_LIST_MAX];
-};
-
 struct chaos_config {
-	struct chaos_list users, accounts, partitions, reservations;
-	int require_exclusive;
+	char policy[CHAOS_PATH_MAX];
 	char journal_dir[CHAOS_PATH_MAX];
 };
 
 #define CHAOS_DEFAULT_JOURNAL_DIR "/var/lib/slurm-chaos/journal"
+#define CHAOS_DEFAULT_POLICY "/etc/slurm/slurm-chaos-policy.toml"
 
-/*
- * Parse "allow_users=a,b" ... arguments; returns 0 or -1 with the bad argument named in err.
- * The lists point into av, which must outlive cfg.
- */
+/* Parse "policy=/path" and "journal_dir=/path"; returns 0 or -1 with the bad argument named in err. */
 int chaos_parse_args(int ac, char *const *av, struct chaos_config *cfg, char *err, size_t errlen);
-
-/* 1 if name (or "*") is in the list. */
-int chaos_list_contains(const struct chaos_list *l, const char *name);
-
-/* --- policy ------------------------------------------------------------------------- */
-
-/* What is known about the job; NULL strings and exclusive = -1 mean "not known here". */
-struct chaos_job_facts {
-	uid_t uid;
-	const char *user;
-	const char *account;
-	const char *partition;
-	const char *reservation;
-	int exclusive;
-};
-
-/*
- * May this job inject faults? Returns 0, or -1 with the reason in err. With final = 0
- * (submission side) unknown facts are let through to be decided on the node; with
- * final = 1 (slurmstepd) an unknown fact that a rule needs refuses the request.
- */
-int chaos_policy_check(const struct chaos_config *cfg, const struct chaos_job_facts *f,
-		       int final, char *err, size_t errlen);
 
 /* --- small helpers the plugin needs, kept here so they are tested ------------------- */
 

@@ -1,18 +1,23 @@
 /*
  * plugin.c - slurm-chaos SPANK plugin: --chaos=SPEC for srun/sbatch/salloc (or env SLURM_CHAOS).
  *
- * Dispatch on spank_context():
- *   local/allocator (srun, sbatch, salloc): validate the SPEC and the policy facts known at
- *     submission (who submits); refuse with a clear message before anything starts; pass the
- *     canonical SPEC to the prolog/epilog as SPANK_SLURM_CHAOS_SPEC.
- *   remote (slurmstepd): decide the policy with every fact (user, account, partition,
- *     reservation, exclusivity), journal the planned task-level changes (as root, before
- *     anything changes), then apply them: NCCL and SLURM_CHAOS_* environment in user_init,
- *     CPU affinity and memory policy for numa-mismatch in task_init.
- * Node-level and controller faults (netem, gpu-*, node-drain...) are applied by the prolog
- * hooks from SPANK_SLURM_CHAOS_SPEC; this plugin only describes them to the tasks.
+ * Who may inject is decided from facts Slurm sets, against the root-owned policy file named by
+ * the plugstack.conf argument policy= (policy.h); the plugstack.conf line carries paths only.
  *
- * Parsing lives in parse.c (no spank.h), so it is unit-tested and fuzzed on its own.
+ * Dispatch on spank_context():
+ *   local/allocator (srun, sbatch, salloc): validate the SPEC and check the policy with what is
+ *     known here (advisory: this runs in the user's own process), refusing with a clear message
+ *     before anything is submitted; pass the canonical SPEC as SLURM_CHAOS_SPEC in the job's
+ *     SPANK environment, where slurmctld's job_submit.lua decides on it and records it.
+ *   remote (slurmstepd, as root): act only on a grant the prolog wrote for this job on this node
+ *     (<journal_dir>/<node>/<job>.grant, from slurmd's and slurmctld's facts), for this very SPEC,
+ *     re-checked against the policy; journal the planned task-level changes, then apply them:
+ *     NCCL and SLURM_CHAOS_* environment in user_init, CPU affinity and memory policy for
+ *     numa-mismatch in task_init.
+ * Node-level and controller faults (netem, gpu-*, node-drain...) are applied by the prolog
+ * hooks; this plugin only describes them to the tasks.
+ *
+ * Parsing lives in parse.c and policy.c (no spank.h), so it is unit-tested and fuzzed on its own.
  */
 #define _GNU_SOURCE
 #include <stdint.h>             /* spank.h uses uint32_t but does not include stdint.h */
@@ -36,12 +41,13 @@
 
 #include "affinity.h"
 #include "parse.h"
+#include "policy.h"
 
 SPANK_PLUGIN(slurm_chaos, 1);
 
 #define PFX "slurm-chaos: "
 #define ENV_SPEC "SLURM_CHAOS"          /* env form of --chaos, read by srun/sbatch and stepd */
-#define JOBCTL_SPEC "SLURM_CHAOS_SPEC"  /* prolog/epilog get it as SPANK_SLURM_CHAOS_SPEC */
+#define JOBCTL_SPEC "SLURM_CHAOS_SPEC"  /* job_submit.lua reads it from the job's SPANK env */
 #define ERR_MAX (3 * CHAOS_SPEC_MAX)
 #define MPOL_BIND_MODE 2                /* MPOL_BIND from <numaif.h>, without libnuma */
 #define BATCH_STEP 0xfffffffbU
@@ -52,6 +58,8 @@ SPANK_PLUGIN(slurm_chaos, 1);
 #define JOURNAL_DEADLINE_S (7LL * 86400)
 
 static struct chaos_config cfg;
+static struct chaos_policy policy;      /* loaded only when a SPEC was given */
+static struct chaos_grant grant;
 static struct chaos_spec spec;
 static int have_spec;
 static char spec_text[2 * CHAOS_SPEC_MAX];      /* canonical SPEC */
@@ -80,9 +88,18 @@ static struct spank_option chaos_options[] = {
 static int remote_parse_failed;
 static char remote_parse_err[ERR_MAX];
 
+/* A message quoting what a user typed: one log line, no terminal control sequences. */
+static void one_line(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
+			*s = '?';
+}
+
 static int accept_spec(const char *text, int remote)
 {
 	if (chaos_parse_spec(text, &spec, err, sizeof(err))) {
+		one_line(err);
 		/* In srun/sbatch slurm_error reaches the user's terminal: that is the refusal. */
 		slurm_error(PFX "%s", err);
 		have_spec = 0;
@@ -121,48 +138,6 @@ static const char *user_name(uid_t uid, char *buf, size_t len)
 static const char *remote_env(spank_t sp, const char *name, char *buf, int len)
 {
 	return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS && buf[0] ? buf : NULL;
-}
-
-static int read_cpulist(const char *path, uint64_t *mask, size_t nwords)
-{
-	char buf[4096];
-	FILE *fp = fopen(path, "re");
-	int n = -1;
-
-	if (!fp)
-		return -1;
-	if (fgets(buf, sizeof(buf), fp))
-		n = chaos_parse_cpulist(buf, mask, nwords);
-	fclose(fp);
-	return n;
-}
-
-/* Physical cores on this node: online CPUs divided by the threads of cpu0's core. */
-static int node_cores(void)
-{
-	uint64_t m[CHAOS_MAX_CPUS / 64];
-	int cpus = read_cpulist("/sys/devices/system/cpu/online", m, CHAOS_MAX_CPUS / 64);
-	int threads = read_cpulist("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list", m,
-				   CHAOS_MAX_CPUS / 64);
-
-	if (cpus <= 0)
-		return -1;
-	return threads > 0 ? cpus / threads : cpus;
-}
-
-/* 1 if the job holds every core of this node, 0 if not, -1 if unknown. */
-static int job_exclusive(spank_t sp)
-{
-	uint64_t m[CHAOS_MAX_CPUS / 64];
-	char *cores = NULL;
-	int have, total = node_cores();
-
-	if (spank_get_item(sp, S_JOB_ALLOC_CORES, &cores) != ESPANK_SUCCESS || !cores || total <= 0)
-		return -1;
-	have = chaos_parse_cpulist(cores, m, CHAOS_MAX_CPUS / 64);
-	if (have < 0)
-		return -1;
-	return have >= total;
 }
 
 static void step_name(uint32_t step, char *buf, size_t len)
@@ -381,24 +356,49 @@ static int refuse(const struct step_ids *ids, const char *why)
 	if (snprintf(refusal, sizeof(refusal), "job %u.%s: refused --chaos%s%s: %s", ids->job, ids->step,
 		     have_spec ? "=" : "", have_spec ? spec_text : "", why) >= (int)sizeof(refusal))
 		refusal[sizeof(refusal) - 2] = '+';     /* truncated: say so, keep the start */
+	one_line(refusal);
 	slurm_error(PFX "%s", refusal);
 	refused = 1;
 	return -1;
 }
 
+/*
+ * The prolog's grant for this job on this node, for this SPEC, and the policy agreeing with the
+ * facts it holds (from slurmd and slurmctld): nothing the job's user can set.
+ */
 static int remote_policy(spank_t sp, const struct step_ids *ids)
 {
-	char pwbuf[4096], acct[256], part[256], resv[256];
-	struct chaos_job_facts f = { 0 };
+	char pwbuf[4096], node[256], path[CHAOS_PATH_MAX + 300], job[32], why[2048];
+	struct chaos_job_facts f;
+	uid_t uid = (uid_t)-1;
+	const char *user;
 
-	spank_get_item(sp, S_JOB_UID, &f.uid);
-	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
-	f.account = remote_env(sp, "SLURM_JOB_ACCOUNT", acct, sizeof(acct));
-	f.partition = remote_env(sp, "SLURM_JOB_PARTITION", part, sizeof(part));
-	f.reservation = remote_env(sp, "SLURM_JOB_RESERVATION", resv, sizeof(resv));
-	f.exclusive = job_exclusive(sp);
-	if (chaos_policy_check(&cfg, &f, 1, err, sizeof(err)))
+	if (chaos_policy_load(cfg.policy, &policy, err, sizeof(err)))
 		return refuse(ids, err);
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS)
+		return refuse(ids, "the job's uid is not known");
+	user = user_name(uid, pwbuf, sizeof(pwbuf));
+	if (chaos_user_check(&policy, uid, user, err, sizeof(err)))
+		return refuse(ids, err);
+	node_name(node, sizeof(node));
+	snprintf(job, sizeof(job), "%u", ids->job);
+	snprintf(path, sizeof(path), "%s/%s/%s.grant", cfg.journal_dir, node, job);
+	if (strchr(node, '/') || chaos_grant_load(path, &grant, why, sizeof(why))) {
+		snprintf(err, sizeof(err), "the prolog granted job %s nothing on this node (%s): slurmctld's "
+			 "job_submit.lua and the prolog decide who may inject", job, strchr(node, '/') ? path : why);
+		return refuse(ids, err);
+	}
+	if (strcmp(grant.job, job) || grant.uid != (long long)uid)
+		return refuse(ids, "the grant on this node is for another job or user");
+	if (grant.refused)
+		return refuse(ids, grant.why);
+	chaos_grant_facts(&grant, &f);
+	if (chaos_policy_check(&policy, &f, 1, err, sizeof(err)))
+		return refuse(ids, err);
+	if (strcmp(grant.spec, spec_text)) {
+		snprintf(err, sizeof(err), "the job was granted --chaos=%s, not this SPEC", grant.spec);
+		return refuse(ids, err);
+	}
 	return 0;
 }
 
@@ -648,31 +648,36 @@ static int local_post_opt(spank_t sp)
 {
 	char pwbuf[4096];
 	const char *env = getenv(ENV_SPEC);
-	struct chaos_job_facts f = { 0 };
+	struct chaos_job_facts f = { .exclusive = -1, .array = -1, .het = -1, .nodes = -1 };
 
 	if (!have_spec && env && *env && accept_spec(env, 0))
 		return -1;
 	if (!have_spec)
 		return 0;
+	/* A missing or unsafe policy refuses here as it will in slurmctld and on the nodes. */
+	if (chaos_policy_load(cfg.policy, &policy, err, sizeof(err))) {
+		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);
+		return -1;
+	}
 	f.uid = getuid();
 	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
 	/*
-	 * srun inside an allocation launches a step of that job: its SLURM_JOB_* are the job's.
-	 * sbatch/salloc submit a new job, which the environment does not describe: the node decides.
+	 * srun inside an allocation launches a step of that job: its SLURM_JOB_* are the job's, as
+	 * far as the user's environment tells. This check only saves a doomed submission; slurmctld
+	 * and the nodes decide from their own facts.
 	 */
 	if (spank_context() == S_CTX_LOCAL && getenv("SLURM_JOB_ID")) {
 		f.account = getenv("SLURM_JOB_ACCOUNT");
 		f.partition = getenv("SLURM_JOB_PARTITION");
 		f.reservation = getenv("SLURM_JOB_RESERVATION");
 	}
-	f.exclusive = -1;
-	if (chaos_policy_check(&cfg, &f, 0, err, sizeof(err))) {
+	if (chaos_policy_check(&policy, &f, 0, err, sizeof(err))) {
 		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);
 		return -1;
 	}
-	/* The prolog/epilog hooks (slurm_chaos.faults.hooks) read it as SPANK_SLURM_CHAOS_SPEC. */
+	/* job_submit.lua reads it at submission (the prolog reads the job's AdminComment, never this). */
 	if (spank_job_control_setenv(sp, JOBCTL_SPEC, spec_text, 1) != ESPANK_SUCCESS)
-		slurm_verbose(PFX "could not pass the SPEC to the prolog (job control env)");
+		slurm_verbose(PFX "could not pass the SPEC to slurmctld (job control env)");
 	slurm_verbose(PFX "accepted --chaos=%s", spec_text);
 	return 0;
 }

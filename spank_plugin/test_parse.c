@@ -2,8 +2,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "parse.h"
+#include "policy.h"
 
 static int failures, checks;
 
@@ -156,55 +159,190 @@ static void test_limits(void)
 	CHECK(chaos_parse_spec(NULL, &spec, err, sizeof(err)) == -1);
 }
 
-static void test_args_and_policy(void)
+static void test_args(void)
 {
 	struct chaos_config cfg;
-	char *good[] = { "allow_users=alice,1002", "allow_partitions=debug", "require_exclusive=1",
-			 "journal_dir=/tmp/j" };
-	char *unknown[] = { "allow_user=alice" };
+	char *good[] = { "policy=/etc/slurm/p.toml", "journal_dir=/tmp/j" };
+	char *unknown[] = { "polcy=/x" };
 	char *relative[] = { "journal_dir=tmp" };
-	char *empty[] = { "allow_users=a,,b" };
-	char *twice[] = { "allow_users=a", "allow_users=b" };
-	struct chaos_job_facts f = { 1001, "alice", NULL, "debug", NULL, 1 };
+	char *old[] = { "allow_users=alice" };
 	char e[512];
 
 	CHECK(chaos_parse_args(0, NULL, &cfg, e, sizeof(e)) == 0);
-	CHECK(!strcmp(cfg.journal_dir, CHAOS_DEFAULT_JOURNAL_DIR) && !cfg.users.set);
-	/* Default policy: only root. */
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == -1 && strstr(e, "only root"));
-	f.uid = 0;
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == 0);
+	CHECK(!strcmp(cfg.journal_dir, CHAOS_DEFAULT_JOURNAL_DIR) && !strcmp(cfg.policy, CHAOS_DEFAULT_POLICY));
+	CHECK(chaos_parse_args(2, good, &cfg, e, sizeof(e)) == 0);
+	CHECK(!strcmp(cfg.policy, "/etc/slurm/p.toml") && !strcmp(cfg.journal_dir, "/tmp/j"));
+	CHECK(chaos_parse_args(1, unknown, &cfg, e, sizeof(e)) == -1 && strstr(e, "'polcy=/x'"));
+	CHECK(chaos_parse_args(1, relative, &cfg, e, sizeof(e)) == -1 && strstr(e, "absolute"));
+	/* The rules no longer ride on the plugstack.conf line. */
+	CHECK(chaos_parse_args(1, old, &cfg, e, sizeof(e)) == -1 && strstr(e, "policy file"));
+}
 
-	CHECK(chaos_parse_args(4, good, &cfg, e, sizeof(e)) == 0);
-	CHECK(cfg.users.n == 2 && cfg.require_exclusive == 1 && !strcmp(cfg.journal_dir, "/tmp/j"));
+static struct chaos_policy pol;
+
+static int policy_ok(const char *text)
+{
+	char e[512];
+	int rc = chaos_policy_parse(text, strlen(text), &pol, e, sizeof(e));
+
+	if (rc)
+		fprintf(stderr, "policy refused: %s\n", e);
+	return rc == 0;
+}
+
+static int policy_bad(const char *text, const char *want)
+{
+	char e[512];
+
+	if (!chaos_policy_parse(text, strlen(text), &pol, e, sizeof(e)))
+		return 0;
+	if (!strstr(e, want))
+		fprintf(stderr, "policy error '%s' lacks '%s'\n", e, want);
+	return strstr(e, want) != NULL;
+}
+
+static void test_policy_file(void)
+{
+	char d[4096];
+
+	CHECK(policy_ok("version = 1\n"));
+	CHECK(pol.require_exclusive == 1 && !pol.allow_arrays && !pol.users.set && pol.max_nodes == -1);
+	CHECK(policy_ok("# c\n  \nversion=1\nallow_users = [\"root\", \"alice\" ,\"1002\"]\n"
+			"allow_partitions = []\nrequire_exclusive = false\nallow_arrays = true\nmax_nodes = 4\n"));
+	CHECK(pol.users.n == 3 && pol.partitions.set && pol.partitions.n == 0 && !pol.require_exclusive);
+	CHECK(chaos_policy_describe(&pol, d, sizeof(d)) == 0);
+	CHECK(!strcmp(d, "users=root,alice,1002 accounts=- partitions= reservations=- exclusive=0 arrays=1 "
+		      "het=0 max_nodes=4"));
+	CHECK(policy_bad("", "'version = 1' missing"));
+	CHECK(policy_bad("version = 2\n", "'version = 1' missing"));
+	CHECK(policy_bad("version = 1\nmax_nodes = 0\n", "max_nodes: must be 1 or more"));
+	CHECK(policy_bad("version = 1\nallow_users = [\"a\",]\n", "policy line 2: allow_users: '' is not a quoted plain name"));
+	CHECK(policy_bad("version = 1\nallow_users = [\"a b\"]\n", "is not a quoted plain name"));
+	CHECK(policy_bad("version = 1\nallow_users = \"a\"\n", "expected a list of names"));
+	CHECK(policy_bad("version = 1\nversion = 1\n", "policy line 2: version: given twice"));
+	CHECK(policy_bad("version = 1\nallow_user = []\n", "unknown key 'allow_user'"));
+	CHECK(policy_bad("version = 1 # note\n", "version: expected a whole number"));
+	CHECK(policy_bad("version = 1\nrequire_exclusive = yes\n", "expected true or false"));
+	CHECK(policy_bad("version = 1\r\n", "policy line 1: control or non-ASCII character"));
+	CHECK(policy_bad("version = 1\n[x]\n", "policy line 2: expected KEY = VALUE"));
+	{
+		static char big[CHAOS_POLICY_MAX + 2];
+
+		memset(big, '#', sizeof(big) - 1);
+		big[sizeof(big) - 1] = '\0';
+		CHECK(policy_bad(big, "larger than"));
+	}
+	{
+		/* 65 entries: too many; a bad 66th entry is named first, as in policy.py. */
+		char many[2048] = "version = 1\nallow_users = [";
+
+		for (int i = 0; i < 65; i++)
+			snprintf(many + strlen(many), sizeof(many) - strlen(many), "%s\"u%d\"", i ? ", " : "", i);
+		strcat(many, "]\n");
+		CHECK(policy_bad(many, "more than 64 entries"));
+	}
+}
+
+static void test_policy_check(void)
+{
+	struct chaos_job_facts f = { .uid = 1001, .user = "alice", .partition = "debug", .exclusive = 1,
+				     .array = 0, .het = 0, .nodes = 2 };
+	char e[512];
+
+	CHECK(policy_ok("version = 1\n"));       /* no allow_users: only root */
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "only root"));
+	f.uid = 0;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == 0);
+
+	CHECK(policy_ok("version = 1\nallow_users = [\"alice\", \"1002\"]\nallow_partitions = [\"debug\"]\n"
+			"max_nodes = 2\n"));
 	f.uid = 1001;
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == 0);
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == 0);
 	f.user = "bob";
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == -1 && strstr(e, "user 'bob' (uid 1001)"));
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 &&
+	      !strcmp(e, "user 'bob' (uid 1001) may not inject faults (not in allow_users)"));
 	f.uid = 1002;                     /* allowed by uid */
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == 0);
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == 0);
 	f.partition = "gpu";
-	CHECK(chaos_policy_check(&cfg, &f, 0, e, sizeof(e)) == -1 && strstr(e, "partition 'gpu' is not in allow_partitions"));
-	f.partition = NULL;               /* unknown: let through at submission, refuse on the node */
-	CHECK(chaos_policy_check(&cfg, &f, 0, e, sizeof(e)) == 0);
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == -1 && strstr(e, "partition is not known"));
+	CHECK(chaos_policy_check(&pol, &f, 0, e, sizeof(e)) == -1 && !strcmp(e, "partition 'gpu' is not in allow_partitions"));
+	f.partition = NULL;               /* unknown: let through at submission, refused on the node */
+	CHECK(chaos_policy_check(&pol, &f, 0, e, sizeof(e)) == 0);
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "partition is not known"));
 	f.partition = "debug";
 	f.exclusive = 0;
-	CHECK(chaos_policy_check(&cfg, &f, 0, e, sizeof(e)) == -1 && strstr(e, "--exclusive"));
+	CHECK(chaos_policy_check(&pol, &f, 0, e, sizeof(e)) == -1 && strstr(e, "--exclusive"));
 	f.exclusive = -1;
-	CHECK(chaos_policy_check(&cfg, &f, 0, e, sizeof(e)) == 0);
-	CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == -1);
+	CHECK(chaos_policy_check(&pol, &f, 0, e, sizeof(e)) == 0);
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1);
+	f.exclusive = 1;
+	f.array = 1;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "array jobs"));
+	f.array = -1;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "array jobs"));
+	f.array = 0;
+	f.het = 1;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "heterogeneous"));
+	f.het = 0;
+	f.nodes = 3;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && !strcmp(e, "the job has 3 nodes (max_nodes 2)"));
+	f.nodes = 2;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == 0);
+	CHECK(policy_ok("version = 1\nallow_users = [\"*\"]\nallow_reservations = [\"*\"]\nrequire_exclusive = false\n"));
+	f.user = "anyone";
+	f.exclusive = 0;
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == -1 && strstr(e, "reservation is not known"));
+	f.reservation = "maint";
+	CHECK(chaos_policy_check(&pol, &f, 1, e, sizeof(e)) == 0);
+}
 
-	CHECK(chaos_parse_args(1, unknown, &cfg, e, sizeof(e)) == -1 && strstr(e, "'allow_user=alice'"));
-	CHECK(chaos_parse_args(1, relative, &cfg, e, sizeof(e)) == -1 && strstr(e, "absolute"));
-	CHECK(chaos_parse_args(1, empty, &cfg, e, sizeof(e)) == -1 && strstr(e, "empty"));
-	CHECK(chaos_parse_args(2, twice, &cfg, e, sizeof(e)) == -1 && strstr(e, "twice"));
-	{
-		char *star[] = { "allow_users=*" };
-		CHECK(chaos_parse_args(1, star, &cfg, e, sizeof(e)) == 0);
-		f.user = "anyone";
-		CHECK(chaos_policy_check(&cfg, &f, 1, e, sizeof(e)) == 0);
+static void test_grant(void)
+{
+	static struct chaos_grant g;
+	const char *good = "job=42\nuid=1001\nuser=alice\naccount=\npartition=debug\nreservation=maint\n"
+			   "exclusive=1\narray=0\nhet=\nnodes=2\nspec=netem:delay=0.005s\n";
+	const char *refused = "job=42\nuid=0\nspec=netem\nrefused=the job does not hold its nodes exclusively\n";
+	struct chaos_job_facts f;
+	char e[512];
+
+	CHECK(chaos_grant_parse(good, strlen(good), &g, e, sizeof(e)) == 0);
+	CHECK(!strcmp(g.job, "42") && g.uid == 1001 && !strcmp(g.spec, "netem:delay=0.005s") && !g.refused);
+	chaos_grant_facts(&g, &f);
+	CHECK(f.exclusive == 1 && f.array == 0 && f.het == -1 && f.nodes == 2 && !strcmp(f.reservation, "maint"));
+	CHECK(chaos_grant_parse(refused, strlen(refused), &g, e, sizeof(e)) == 0 && g.refused &&
+	      strstr(g.why, "exclusively"));
+	CHECK(chaos_grant_parse("job=1\nspec=x\n", 13, &g, e, sizeof(e)) == -1 && strstr(e, "missing"));
+	CHECK(chaos_grant_parse("job=x1\nuid=0\nspec=x\n", 19, &g, e, sizeof(e)) == -1);
+	CHECK(chaos_grant_parse("job=1\nuid=0\nspec=x\nbogus=1\n", 27, &g, e, sizeof(e)) == -1 && strstr(e, "line 4"));
+	CHECK(chaos_grant_parse("job=1\nuid=0\nspec=x\nexclusive=2\n", 31, &g, e, sizeof(e)) == -1);
+}
+
+static void test_root_files(void)
+{
+	char path[] = "/tmp/test_policy_XXXXXX", e[512];
+	const char *text = "version = 1\n";
+	int fd = mkstemp(path);
+
+	CHECK(fd >= 0);
+	if (fd < 0)
+		return;
+	CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+	close(fd);
+	chmod(path, 0644);
+	if (geteuid() == 0) {
+		CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == 0);
+		chmod(path, 0664);
+		CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == -1 && strstr(e, "writable by group or others"));
+		chmod(path, 0644);
+		CHECK(chown(path, 1000, 1000) == 0);
+		CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == -1 && strstr(e, "owned by uid 1000, not root"));
+	} else {
+		CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == -1 && strstr(e, "not root"));
 	}
+	unlink(path);
+	CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == -1 && strstr(e, "No such file"));
+	CHECK(symlink("/etc/hostname", path) == 0);
+	CHECK(chaos_policy_load(path, &pol, e, sizeof(e)) == -1);   /* O_NOFOLLOW */
+	unlink(path);
 }
 
 static void test_helpers(void)
@@ -240,7 +378,11 @@ int main(void)
 	test_values();
 	test_errors();
 	test_limits();
-	test_args_and_policy();
+	test_args();
+	test_policy_file();
+	test_policy_check();
+	test_grant();
+	test_root_files();
 	test_helpers();
 	printf("test_parse: %d checks, %d failures\n", checks, failures);
 	return failures ? 1 : 0;

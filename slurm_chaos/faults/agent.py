@@ -445,9 +445,10 @@ SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/s
 
 
 def ensure_system_path() -> None:
-    """slurmd gives prolog and epilog a bare PATH; tc, mount and nsenter live in sbin."""
-    parts = [p for p in os.environ.get("PATH", "").split(":") if p]
-    os.environ["PATH"] = ":".join(parts + [p for p in SYSTEM_PATH if p not in parts])
+    """The system directories first on PATH: slurmd gives prolog and epilog none (tc, mount and
+    nsenter live in sbin), and nothing earlier on PATH may stand in for them in a root process."""
+    parts = [p for p in os.environ.get("PATH", "").split(":") if p and p not in SYSTEM_PATH]
+    os.environ["PATH"] = ":".join([*SYSTEM_PATH, *parts])
 
 
 def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int:

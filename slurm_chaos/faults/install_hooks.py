@@ -2,20 +2,32 @@
 
 The site's dispatchers (``Prolog=<etc>/prolog`` running every executable of ``<etc>/prolog.d/``,
 and the same for the epilog) run ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos``.
-Each hook is a few lines of shell that return at once for a job without chaos (no SPEC, no
-journal), else run the Python hook bounded by ``timeout``; it exits 0 whatever happens.
+Each hook is a few lines of shell run as root in slurmd's environment: it starts from ``/`` with
+a fixed PATH and absolute tool paths, returns at once when the job cannot be granted anything
+(the prolog: no policy file, or a user the policy does not name; the epilog: no journal and no
+grant file), else runs the Python hook isolated (``python -I``: no PYTHON* variables, neither the
+current directory nor user site-packages on sys.path) and bounded by ``timeout``. It exits 0
+whatever happens.
+
+The Python code the hooks run as root is the installer's own (its import root), so that
+directory and every directory above it must be root's and writable by nobody else.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
+from slurm_chaos.faults.authz import DEFAULT_AUDIT_LOG, GRANT_SUFFIX
 from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.faults.policy import POLICY_NAME
 from slurm_chaos.resources import import_root
 from slurm_chaos.site import Site, load_site
 
@@ -23,34 +35,50 @@ HOOK_NAME = "50-slurm-chaos"
 DEFAULT_LOG = Path("/var/log/slurm-chaos/agent.log")
 #: Below the sandbox dispatcher's 60 s per hook, so our own timeout (and its log line) comes first.
 DEFAULT_TIMEOUT_S = 45
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
+# The prolog's shortcut (a few microseconds of shell for most jobs): Python runs only when a
+# root-owned policy exists and names the job's user (or uid, or "*"), or the job is root's.
+# SLURM_JOB_UID and SLURM_JOB_USER come from slurmd. The Python side decides; this only skips.
 _GUARD = {
-    "prolog": 'if [ -z "${{SPANK_SLURM_CHAOS_SPEC:-}}${{SLURM_CHAOS_SPEC:-}}" ] && '
-    '[ ! -e {spec_dir}/"${{SLURM_JOB_ID:-none}}" ]; then exit 0; fi',
-    "epilog": '[ -e {journal_root}/"${{SLURMD_NODENAME:-none}}/${{SLURM_JOB_ID:-none}}.jsonl" ] || exit 0',
+    "prolog": """[ -f {policy} ] && [ -O {policy} ] || exit 0
+if [ "${{SLURM_JOB_UID:-x}}" != 0 ]; then
+  grep -qF -e "\\"${{SLURM_JOB_USER:-/}}\\"" -e "\\"${{SLURM_JOB_UID:-/}}\\"" -e '"*"' {policy} || exit 0
+fi""",
+    "epilog": """case "${{SLURM_JOB_ID:-x}}" in *[!0-9]*|"") exit 0 ;; esac
+node_dir={journal_root}/"${{SLURMD_NODENAME:-none}}"
+[ -e "$node_dir/$SLURM_JOB_ID.jsonl" ] || [ -e "$node_dir/$SLURM_JOB_ID{grant}" ] || exit 0""",
 }
 
 _TEMPLATE = """#!/bin/sh
 # slurm-chaos {kind} hook, written by slurm_chaos.faults.install_hooks: {what}
 # Time-bounded, idempotent, and it exits 0 whatever happens: its own failure never drains the node.
+cd / || exit 0
+PATH={path}
+export PATH
 {guard}
-PYTHONPATH={pythonpath}${{PYTHONPATH:+:$PYTHONPATH}} \\
-  timeout -k 5 {timeout} {python} -m slurm_chaos.faults.hooks {kind} \\
-  --journal-root {journal_root} --log-file {log_file} --deadline {deadline}{spec_arg}{roots_arg}
+{timeout_bin} -k 5 {timeout} {python} -I -c {bootstrap} {kind} \\
+  --journal-root {journal_root} --log-file {log_file} --deadline {deadline} \\
+  --policy {policy} --audit-log {audit_log}{roots_arg}
 rc=$?
 if [ "$rc" -ne 0 ]; then
   msg="slurm-chaos: {kind} hook exited $rc for job ${{SLURM_JOB_ID:-?}} on ${{SLURMD_NODENAME:-?}}"
   echo "$msg" >&2
   echo "$msg" >> {log_file} 2>/dev/null
-  logger -t slurm-chaos "$msg" 2>/dev/null
 fi
 exit 0
 """
 
 _WHAT = {
-    "prolog": "applies the job's node-level faults (python -m slurm_chaos.faults.agent apply).",
-    "epilog": "stops the job's agent and reverts its journal (python -m slurm_chaos.faults.agent undo).",
+    "prolog": "authorises the job from trusted facts, then applies its node-level faults.",
+    "epilog": "stops the job's agent, reverts its journal and removes its grant.",
 }
+
+# -I leaves the script's own directory off sys.path too; the import root is put first explicitly.
+_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from slurm_chaos.faults.hooks.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def render_hook(
@@ -58,29 +86,48 @@ def render_hook(
     python: str,
     journal_root: Path,
     log_file: Path,
-    spec_dir: Path | None,
+    policy: Path,
+    audit_log: Path,
     deadline_s: float,
     timeout_s: int,
     ckpt_roots: Sequence[str] = (),
 ) -> str:
     """Text of one hook script (kind: prolog or epilog)."""
     q = shlex.quote
-    no_spec_dir = Path("/nonexistent/slurm-chaos-spec")
     return _TEMPLATE.format(
         kind=kind,
         what=_WHAT[kind],
+        path=SYSTEM_PATH,
         guard=_GUARD[kind].format(
-            spec_dir=q(str(spec_dir or no_spec_dir)), journal_root=q(str(journal_root))
+            policy=q(str(policy)), journal_root=q(str(journal_root)), grant=GRANT_SUFFIX
         ),
-        pythonpath=q(str(import_root())),
+        timeout_bin=q(shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"),
         timeout=int(timeout_s),
         python=q(python),
+        bootstrap=q(_BOOTSTRAP.format(root=str(import_root()))),
         journal_root=q(str(journal_root)),
         log_file=q(str(log_file)),
         deadline=f"{deadline_s:g}",
-        spec_arg=f" --spec-dir {q(str(spec_dir))}" if spec_dir else "",
+        policy=q(str(policy)),
+        audit_log=q(str(audit_log)),
         roots_arg="".join(f" --ckpt-root {q(root)}" for root in ckpt_roots) if kind == "prolog" else "",
     )
+
+
+def unsafe_for_root(path: Path) -> str | None:
+    """Why root should not run code from `path`: it, or a directory above it, is not root's or is
+    writable by others (a root-owned sticky directory such as /tmp is fine). None if safe."""
+    for p in [path, *path.parents]:
+        try:
+            st = p.stat()
+        except OSError as exc:
+            return f"{p}: {exc.strerror}"
+        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0:
+            return f"{p} is owned by uid {st.st_uid}, not root"
+        if st.st_mode & 0o022 and not (sticky and p != path):
+            return f"{p} is writable by group or others (mode {st.st_mode & 0o7777:o})"
+    return None
 
 
 def install_hooks(
@@ -89,23 +136,33 @@ def install_hooks(
     *,
     journal_root: Path = DEFAULT_ROOT,
     log_file: Path = DEFAULT_LOG,
-    spec_dir: Path | None = None,
+    policy: Path | None = None,
+    audit_log: Path = DEFAULT_AUDIT_LOG,
     deadline_s: float = DEFAULT_DEADLINE_S,
     timeout_s: int = DEFAULT_TIMEOUT_S,
     ckpt_roots: Sequence[str] = (),
 ) -> list[Path]:
     """Write ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos`` under `hooks_dir`; returns them.
 
-    `spec_dir`: where the fallback SPEC files ``<job id>`` are read from (None: only the SPANK
-    plugin's variable). `deadline_s`: the watchdog's bound when the job's time limit is unknown.
-    `ckpt_roots`: the site's allowed checkpoint roots (none: ckpt-full refuses every path).
+    `policy`: the policy file (default: ``<hooks_dir>/slurm-chaos-policy.toml``, beside slurm.conf).
+    `deadline_s`: the watchdog's bound when the job's time limit is unknown. `ckpt_roots`: the
+    site's allowed checkpoint roots (none: ckpt-full refuses every path). ConfigError when the
+    code the hooks would run as root is not root's alone.
     """
+    root = import_root()
+    why = unsafe_for_root(root) if os.geteuid() == 0 else None
+    if why:
+        raise ConfigError(str(root), "", f"the hooks would run this code as root, but {why}")
+    policy = policy or hooks_dir / POLICY_NAME
     written = []
     for kind in ("prolog", "epilog"):
         path = hooks_dir / f"{kind}.d" / HOOK_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
-        text = render_hook(kind, python, journal_root, log_file, spec_dir, deadline_s, timeout_s, ckpt_roots)
+        tmp.unlink(missing_ok=True)
+        text = render_hook(
+            kind, python, journal_root, log_file, policy, audit_log, deadline_s, timeout_s, ckpt_roots
+        )
         tmp.write_text(text)
         tmp.chmod(0o755)
         tmp.rename(path)  # atomic: slurmd never runs a half-written hook
@@ -136,25 +193,28 @@ def site_journal_root(site: Site) -> Path:
     return DEFAULT_ROOT
 
 
+def site_audit_log(site: Site) -> Path:
+    """Where the prolog appends its decisions: the sandbox's log directory, else DEFAULT_AUDIT_LOG."""
+    if site.sandbox and site.slurm.hooks_dir:
+        return Path(site.slurm.hooks_dir).parent / "log" / "slurm-chaos-audit.log"
+    return DEFAULT_AUDIT_LOG
+
+
 def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> list[Path]:
     """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root()."""
     site = load_site(site_path)
     if not site.slurm.hooks_dir:
         raise ConfigError(str(site_path), "slurm.hooks_dir", "needed to install the prolog/epilog hooks")
     hooks_dir = Path(site.slurm.hooks_dir)
-    if site.sandbox:
-        root = hooks_dir.parent
-        return install_hooks(
-            hooks_dir,
-            python,
-            journal_root=site_journal_root(site),
-            log_file=root / "log" / "slurm-chaos-agent.log",
-            spec_dir=root / "shared" / "chaos-spec",
-            ckpt_roots=site.safety.allowed_checkpoint_roots,
-        )
+    from slurm_chaos.faults.plugin_install import site_policy_path
+
+    log_file = hooks_dir.parent / "log" / "slurm-chaos-agent.log" if site.sandbox else DEFAULT_LOG
     return install_hooks(
         hooks_dir,
         python,
         journal_root=site_journal_root(site),
+        log_file=log_file,
+        policy=site_policy_path(site),
+        audit_log=site_audit_log(site),
         ckpt_roots=site.safety.allowed_checkpoint_roots,
     )

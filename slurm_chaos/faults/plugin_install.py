@@ -1,11 +1,18 @@
-"""Build the slurm-chaos SPANK plugin and register it in the site's plugstack.conf.
+"""Build the slurm-chaos SPANK plugin, write the site's policy, register the plugin.
 
-``slurm-chaos plugin install --site SITE`` calls :func:`install_plugin`: ``make install`` of
-the shipped ``spank_plugin/`` (and of the ``preload/`` I/O shim) under a prefix, then one
-``required .../slurm_chaos.so ARGS`` line in the PlugStackConfig file the site names
-(``slurm.plugstack_conf``), with the site's safety rules as the plugin's arguments. slurmstepd
-reads plugstack.conf at every step start, so no daemon restart is needed for steps; srun/sbatch
-read it at each invocation.
+``slurm-chaos plugin install --site SITE`` calls :func:`install_plugin`:
+
+- the policy file ``slurm-chaos-policy.toml`` beside slurm.conf, from the site's ``safety:``
+  section (root-owned, mode 0644): the one set of rules the prolog hooks, the plugin and
+  job_submit.lua share (:mod:`slurm_chaos.faults.policy`);
+- ``job_submit.lua`` beside slurm.conf (slurmctld reloads it when it changes; slurm.conf needs
+  ``JobSubmitPlugins=lua``), unless the site has its own, which is then left alone: the note
+  says how to call ours from it;
+- ``make install`` of the shipped ``spank_plugin/`` (and of the ``preload/`` I/O shim) under a
+  prefix, then one ``required .../slurm_chaos.so policy=... journal_dir=...`` line in the
+  PlugStackConfig file the site names (``slurm.plugstack_conf``). The line carries paths only:
+  a user's own plugstack.conf grants nothing. slurmstepd reads plugstack.conf at every step
+  start, so no daemon restart is needed.
 """
 
 from __future__ import annotations
@@ -13,69 +20,66 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError, ConfigError
 from slurm_chaos.faults.catalogue import CATALOGUE_PATH
 from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.resources import shipped
 from slurm_chaos.runner import Runner
-from slurm_chaos.site import Safety, load_site
+from slurm_chaos.site import Safety, Site, load_site
 
 PLUGIN_FILE = "slurm_chaos.so"
+JOB_SUBMIT_LUA = "job_submit.lua"
+#: Our script under its own name, for a site that already has a job_submit.lua.
+OWN_LUA = "slurm-chaos-job_submit.lua"
+_LUA_MARK = "slurm-chaos job_submit/lua"
 # The rollback journal's root: the prolog agent and the plugin write the same per-node files.
 DEFAULT_JOURNAL_DIR = str(DEFAULT_ROOT)  # also the plugin's own default (parse.h)
+DEFAULT_SLURM_ETC = Path("/etc/slurm")
+# Paths the plugstack.conf parser, the hook scripts and the Lua script all take as they are.
+_PATH_RE = re.compile(r"/[A-Za-z0-9_./-]{0,1000}")
 
-# What the C argument parser accepts (parse.c parse_list): no separators, under 128 bytes.
-_NAME_RE = re.compile(r"[A-Za-z0-9_.@*+-]{1,127}")
-_MAX_ENTRIES = 64
+
+def policy_from_safety(safety: Safety) -> Policy:
+    """The policy a site's ``safety:`` section describes (empty lists: the key is left out)."""
+    return Policy(
+        allow_users=safety.allowed_users or None,
+        allow_accounts=safety.allowed_accounts or None,
+        allow_partitions=safety.allowed_partitions or None,
+        allow_reservations=safety.allowed_reservations or None,
+        require_exclusive=safety.require_exclusive,
+        allow_arrays=safety.allow_arrays,
+        allow_het_jobs=safety.allow_het_jobs,
+        max_nodes=safety.max_nodes,
+    )
+
+
+def slurm_etc(site: Site) -> Path:
+    """The directory of the site's slurm.conf, where the policy and job_submit.lua go."""
+    return Path(site.slurm.conf).parent if site.slurm.conf else DEFAULT_SLURM_ETC
+
+
+def site_policy_path(site: Site) -> Path:
+    return slurm_etc(site) / POLICY_NAME
 
 
 @dataclass(frozen=True)
 class PluginArgs:
-    """The plugstack.conf arguments of the plugin: who may inject, and where it journals."""
+    """The plugstack.conf arguments of the plugin: where the policy is, and where it journals."""
 
-    allow_users: tuple[str, ...] = ()
-    allow_accounts: tuple[str, ...] = ()
-    allow_partitions: tuple[str, ...] = ()
-    allow_reservations: tuple[str, ...] = ()
-    require_exclusive: bool = True
+    policy: str = str(DEFAULT_SLURM_ETC / POLICY_NAME)
     journal_dir: str = DEFAULT_JOURNAL_DIR
 
-    @classmethod
-    def from_safety(cls, safety: Safety, journal_dir: str = DEFAULT_JOURNAL_DIR) -> PluginArgs:
-        return cls(
-            allow_users=safety.allowed_users,
-            allow_accounts=safety.allowed_accounts,
-            allow_partitions=safety.allowed_partitions,
-            allow_reservations=safety.allowed_reservations,
-            require_exclusive=safety.require_exclusive,
-            journal_dir=journal_dir,
-        )
-
     def render(self) -> list[str]:
-        """The arguments as plugstack.conf words; ValueError names an entry the plugin would refuse."""
-        words: list[str] = []
-        for arg, names in (
-            ("allow_users", self.allow_users),
-            ("allow_accounts", self.allow_accounts),
-            ("allow_partitions", self.allow_partitions),
-            ("allow_reservations", self.allow_reservations),
-        ):
-            if not names:
-                continue  # unset: no restriction (users: only root)
-            if len(names) > _MAX_ENTRIES:
-                raise ValueError(f"{arg}: more than {_MAX_ENTRIES} entries")
-            for name in names:
-                if not _NAME_RE.fullmatch(name):
-                    raise ValueError(f"{arg}: {name!r} is not a plain name")
-            words.append(f"{arg}={','.join(names)}")
-        words.append(f"require_exclusive={1 if self.require_exclusive else 0}")
-        if not self.journal_dir.startswith("/") or any(c.isspace() for c in self.journal_dir):
-            raise ValueError(f"journal_dir: {self.journal_dir!r} must be an absolute path without spaces")
-        words.append(f"journal_dir={self.journal_dir}")
-        return words
+        """The arguments as plugstack.conf words; ValueError names a path the plugin would refuse."""
+        for name, path in (("policy", self.policy), ("journal_dir", self.journal_dir)):
+            if not _PATH_RE.fullmatch(path):
+                raise ValueError(f"{name}: {path!r} must be an absolute path of plain characters")
+        return [f"policy={self.policy}", f"journal_dir={self.journal_dir}"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,9 @@ class InstallResult:
     plugstack_path: Path
     line: str
     replaced: bool  # an earlier slurm_chaos.so line was replaced
+    policy_path: Path | None = None
+    job_submit: Path | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def plugstack_line(plugin_path: Path | str, args: PluginArgs) -> str:
@@ -140,6 +147,51 @@ def build_plugin(prefix: Path | str, runner: Runner, *, timeout: float = 300) ->
     return prefix / "lib" / "slurm-chaos" / PLUGIN_FILE
 
 
+def render_job_submit(policy: Path) -> str:
+    """The shipped job_submit.lua with the policy's path filled in."""
+    if not _PATH_RE.fullmatch(str(policy)):
+        raise ValueError(f"policy: {str(policy)!r} must be an absolute path of plain characters")
+    text = (files("slurm_chaos.faults") / "job_submit.lua").read_text()
+    return text.replace("@POLICY_PATH@", str(policy))
+
+
+def _write_root_file(path: Path, text: str, mode: int = 0o644) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def install_job_submit(etc: Path, policy: Path) -> tuple[Path, tuple[str, ...]]:
+    """Write our job_submit.lua into `etc` (slurmctld's directory); returns it and notes for the admin.
+
+    A site's own job_submit.lua is kept: ours goes beside it under OWN_LUA, and the note says
+    how to call it. slurm.conf needs ``JobSubmitPlugins=lua`` (noted when it is missing).
+    """
+    text = render_job_submit(policy)
+    target = etc / JOB_SUBMIT_LUA
+    notes: list[str] = []
+    if target.exists() and _LUA_MARK not in target.read_text(errors="replace"):
+        target = etc / OWN_LUA
+        notes.append(
+            f"{etc / JOB_SUBMIT_LUA} is the site's own: ours is {target}; without it slurmctld cannot "
+            f"refuse --chaos at submission and the prolog grants nothing. Rename your functions, "
+            f"dofile('{target}') at the top, and call its slurm_job_submit from yours"
+        )
+    _write_root_file(target, text)
+    conf = etc / "slurm.conf"
+    if conf.exists() and not re.search(
+        r"(?im)^\s*JobSubmitPlugins\s*=.*\blua\b", conf.read_text(errors="replace")
+    ):
+        notes.append(f"{conf}: add JobSubmitPlugins=lua (and restart slurmctld) so that {target} runs")
+    return target, tuple(notes)
+
+
 def install_plugin(
     site_conf_path: Path | str,
     prefix: Path | str,
@@ -147,31 +199,41 @@ def install_plugin(
     *,
     journal_dir: str | None = None,
 ) -> InstallResult:
-    """Build and install the plugin, then write its line into the site's plugstack.conf.
+    """Write the policy and job_submit.lua, build and install the plugin, register it in plugstack.conf.
 
     The journal directory defaults to the one the site's prolog/epilog hooks and ``cleanup``
-    use (``site_journal_root``): the plugin appends to the same per-node journal files.
+    use (``site_journal_root``): the plugin appends to the same per-node journal files, and
+    reads the prolog's grant files there.
     """
     from slurm_chaos.faults.install_hooks import site_journal_root
 
     site = load_site(site_conf_path)
     if not site.slurm.plugstack_conf:
         raise ConfigError(str(site_conf_path), "slurm.plugstack_conf", "needed to install the SPANK plugin")
+    policy_path = site_policy_path(site)
     try:
-        args = PluginArgs.from_safety(site.safety, journal_dir or str(site_journal_root(site)))
+        policy = policy_from_safety(site.safety)
+        policy.render()
+        args = PluginArgs(str(policy_path), journal_dir or str(site_journal_root(site)))
         args.render()
+        render_job_submit(policy_path)
     except ValueError as exc:
         raise ConfigError(str(site_conf_path), "safety", str(exc)) from exc
     plugin = build_plugin(prefix, runner)
+    policy_path.parent.mkdir(parents=True, exist_ok=True)
+    write_policy(policy_path, policy)
+    lua, notes = install_job_submit(policy_path.parent, policy_path)
     line = plugstack_line(plugin, args)
     plugstack = Path(site.slurm.plugstack_conf)
     replaced = update_plugstack(plugstack, line)
-    return InstallResult(plugin, plugstack, line, replaced)
+    return InstallResult(plugin, plugstack, line, replaced, policy_path, lua, notes)
 
 
 def uninstall_plugin(site_conf_path: Path | str) -> bool:
-    """Remove the plugin's line from the site's plugstack.conf; True if there was one."""
+    """Remove the plugin's line from the site's plugstack.conf and the policy file (without it,
+    job_submit.lua and the hooks refuse every fault); True if there was a plugstack line."""
     site = load_site(site_conf_path)
+    site_policy_path(site).unlink(missing_ok=True)
     if not site.slurm.plugstack_conf:
         raise ConfigError(
             str(site_conf_path), "slurm.plugstack_conf", "no plugstack.conf to remove the plugin from"

@@ -223,6 +223,12 @@ class Sandbox:
         plugstack = etc / "plugstack.conf"
         if not plugstack.exists():
             _write(plugstack, "# SPANK plugins: see 'slurm-chaos plugin install'\n")
+        # slurmctld does not start without the script JobSubmitPlugins=lua names. Until
+        # `plugin install` writes the policy beside it, it refuses every --chaos.
+        from slurm_chaos.faults.plugin_install import JOB_SUBMIT_LUA, render_job_submit
+        from slurm_chaos.faults.policy import POLICY_NAME
+
+        _write(etc / JOB_SUBMIT_LUA, render_job_submit(etc / POLICY_NAME))
 
     def _ensure_munge(self, layout: Layout) -> None:
         cred = self.runner(["munge", "-n"], timeout=10)

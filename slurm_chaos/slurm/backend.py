@@ -11,6 +11,7 @@ from slurm_chaos.slurm.model import (
     AcctRecord,
     ClusterConfig,
     JobInfo,
+    JobRecord,
     NodeInfo,
     PartitionInfo,
     ReservationInfo,
@@ -31,6 +32,11 @@ class Scheduler(Protocol):
 
     def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         """State of many jobs at once: live ones from the controller, finished ones from accounting."""
+        ...
+
+    def job_record(self, job_id: str) -> JobRecord:
+        """What the controller holds about one live job (user, account, partition, reservation,
+        oversubscription, array and het membership, admin comment); SlurmError if it has none."""
         ...
 
     def cancel(self, job_ids: Iterable[str]) -> None:

@@ -14,6 +14,7 @@ from slurm_chaos.slurm.model import (
     AcctRecord,
     ClusterConfig,
     JobInfo,
+    JobRecord,
     NodeInfo,
     PartitionInfo,
     ReservationInfo,
@@ -111,6 +112,17 @@ class SlurmCLI:
         if gone:
             jobs.update(self._finished(gone))
         return {j: jobs[j] for j in ids if j in jobs}
+
+    def job_record(self, job_id: str) -> JobRecord:
+        # squeue -O, not `scontrol show job`: there a job name or comment the user wrote could hold
+        # " AdminComment=..." and be read as the real field. -j of an array's id lists its tasks too.
+        fmt = ",".join(f"{field}:|" for field in parse.JOB_RECORD_FIELDS)
+        done = self._check(self._run(["squeue", "--noheader", f"--jobs={job_id}", f"--Format={fmt}"]))
+        oversubscribe = {name: part.oversubscribe for name, part in self.partitions().items()}
+        records = parse.parse_job_records(done.stdout, oversubscribe)
+        if job_id not in records:
+            raise SlurmError(f"job {job_id}: not known to the controller")
+        return records[job_id]
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = [str(j) for j in job_ids]

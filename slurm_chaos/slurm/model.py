@@ -118,6 +118,38 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class JobRecord:
+    """What the controller holds about a job that its user cannot change: the facts to authorise it.
+
+    `admin_comment` only an administrator (or slurmctld's job_submit plugin) can set. The
+    oversubscription words are Slurm's: the job's ``NO`` (submitted with --exclusive), ``OK``,
+    ``YES``, ``USER``, ``MCS``; the partition's ``NO``, ``EXCLUSIVE``, ``YES[:n]``, ``FORCE[:n]``.
+    """
+
+    job_id: str
+    user_id: int | None
+    user: str
+    account: str
+    partition: str
+    reservation: str
+    job_oversubscribe: str
+    partition_oversubscribe: str
+    array: bool
+    het: bool
+    num_nodes: int | None
+    nodes: tuple[str, ...]
+    admin_comment: str
+
+    @property
+    def exclusive(self) -> bool:
+        """No other job may share the job's nodes: --exclusive, or a partition that allocates whole
+        nodes; never on a FORCE partition, which oversubscribes whatever the job asked."""
+        if self.partition_oversubscribe.upper().startswith("FORCE"):
+            return False
+        return self.job_oversubscribe.upper() == "NO" or self.partition_oversubscribe.upper() == "EXCLUSIVE"
+
+
+@dataclass(frozen=True)
 class Gres:
     """One generic resource of a node, as Slurm writes it: `gpu:h100:4(S:0)` -> gpu, h100, 4, (0,).
 
@@ -180,12 +212,14 @@ class ReservationInfo:
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """A partition: its nodes, whether jobs without --partition land in it, and its state (UP, DOWN...)."""
+    """A partition: its nodes, whether jobs without --partition land in it, its state (UP, DOWN...),
+    and whether it shares nodes (OverSubscribe)."""
 
     name: str
     nodes: tuple[str, ...]
     default: bool = False
     state: str = ""
+    oversubscribe: str = ""  # NO, EXCLUSIVE, YES[:n], FORCE[:n]
 
 
 @dataclass(frozen=True)

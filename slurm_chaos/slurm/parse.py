@@ -23,6 +23,7 @@ from slurm_chaos.slurm.model import (
     ClusterConfig,
     Gres,
     JobInfo,
+    JobRecord,
     JobState,
     NodeInfo,
     PartitionInfo,
@@ -34,6 +35,11 @@ from slurm_chaos.slurm.model import (
 SQUEUE_FIELDS = (
     "JobID", "Name", "State", "Reason", "NodeList", "Partition", "Reservation",
     "SubmitTime", "StartTime", "EndTime", "exit_code", "RestartCnt",
+)  # fmt: skip
+#: `squeue -O` fields of JobRecord: none is free text a user writes, but the admin comment, last.
+JOB_RECORD_FIELDS = (
+    "JobID", "ArrayTaskID", "HetJobID", "UserId", "UserName", "Account", "Partition", "Reservation",
+    "OverSubscribe", "NumNodes", "NodeList", "admin_comment",
 )  # fmt: skip
 SACCT_FIELDS = (
     "JobID", "JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "ElapsedRaw",
@@ -303,6 +309,35 @@ def parse_squeue_fields(text: str) -> dict[str, JobInfo]:
         )
         jobs[job.job_id] = job
     return jobs
+
+
+def parse_job_records(text: str, partition_oversubscribe: Mapping[str, str]) -> dict[str, JobRecord]:
+    """`squeue -h -O <JOB_RECORD_FIELDS with :| suffix>` -> records by job id.
+
+    `partition_oversubscribe`: each partition's OverSubscribe, by partition name.
+    """
+    records = {}
+    for row in _delimited(text, JOB_RECORD_FIELDS, name_at=len(JOB_RECORD_FIELDS) - 1):
+        f = dict(zip(JOB_RECORD_FIELDS, row, strict=True))
+        uid, nodes = f["UserId"].strip(), f["NumNodes"].strip()
+        partition = _text(f["Partition"])
+        rec = JobRecord(
+            job_id=f["JobID"].strip(),
+            user_id=int(uid) if uid.isdigit() else None,
+            user=_text(f["UserName"]),
+            account=_text(f["Account"]),
+            partition=partition,
+            reservation=_text(f["Reservation"]),
+            job_oversubscribe=_text(f["OverSubscribe"]),
+            partition_oversubscribe=partition_oversubscribe.get(partition, ""),
+            array=bool(_text(f["ArrayTaskID"])),
+            het=bool(_text(f["HetJobID"])),
+            num_nodes=int(nodes) if nodes.isdigit() else None,
+            nodes=tuple(expand_hostlist(_text(f["NodeList"]))),
+            admin_comment=_text(f["admin_comment"]),
+        )
+        records[rec.job_id] = rec
+    return records
 
 
 # ---------------------------------------------------------------- sacct
@@ -593,6 +628,7 @@ def parse_scontrol_partitions(text: str) -> dict[str, PartitionInfo]:
             nodes=tuple(expand_hostlist(rec.get("Nodes", ""))),
             default=rec.get("Default", "").upper() == "YES",
             state=_text(rec.get("State", "")),
+            oversubscribe=_text(rec.get("OverSubscribe", "")),
         )
         out[part.name] = part
     return out

@@ -22,6 +22,7 @@ from slurm_chaos.slurm.model import (
     AcctRecord,
     ClusterConfig,
     JobInfo,
+    JobRecord,
     JobState,
     NodeInfo,
     PartitionInfo,
@@ -161,6 +162,9 @@ class PyslurmScheduler:
 
     def cluster_config(self) -> ClusterConfig:
         return self.cli.cluster_config()
+
+    def job_record(self, job_id: str) -> JobRecord:
+        return self.cli.job_record(job_id)
 
     def accounting(self, job_ids: Iterable[str]) -> list[AcctRecord]:
         return self.cli.accounting(job_ids)

@@ -1,8 +1,9 @@
 """Node-level faults on the real sandbox: the effect seen from inside a job, and the node as before after it.
 
-The prolog/epilog hooks are installed into the sandbox's prolog.d/epilog.d for this module. Jobs get
-their SPEC through the hooks' fallback file (``<shared>/chaos-spec/<job id>``, written between
-``sbatch --hold`` and ``scontrol release``), so these tests do not depend on the SPANK plugin.
+The prolog/epilog hooks are installed into the sandbox's prolog.d/epilog.d for this module, with a
+policy that lets root inject on shared nodes. Jobs get their SPEC as an administrator gives one
+(``sbatch --hold``, ``scontrol update JobId=J AdminComment=slurm-chaos=SPEC``, ``scontrol release``),
+so these tests do not depend on the SPANK plugin.
 Each node is a slurmd in its own network and mount namespaces; its state is read by entering them.
 """
 
@@ -24,10 +25,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurm_chaos.faults import node_proc
+from slurm_chaos.faults.authz import SPEC_MARK
 from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
 from slurm_chaos.faults.journal import Journal
 from slurm_chaos.faults.node_base import MARKER_ENV
+from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
 
 if TYPE_CHECKING:
@@ -103,7 +106,6 @@ class Cluster:
     root: Path
     shared: Path
     journal_root: Path
-    spec_dir: Path
     log_file: Path
     nodes: tuple[str, ...]
 
@@ -122,7 +124,7 @@ class Cluster:
         return self.run(["nsenter", "-t", str(self.slurmd_pid(node)), "-n", "-m", "--", *argv], timeout=20)
 
     def submit(self, script: str, spec: str | None, *sbatch: str, user: SandboxUser | None = None) -> str:
-        """Submit held, write the job's SPEC file (as the site's operator would), release.
+        """Submit held, give the job its SPEC as an administrator would (AdminComment), release.
 
         With `user`, the job is that user's: submitted as them, from their own directory."""
         name = uuid.uuid4().hex[:8]
@@ -139,7 +141,8 @@ class Cluster:
         assert res.ok, res.stderr
         job = res.stdout.strip().split(";")[0]
         if spec:
-            (self.spec_dir / job).write_text(spec + "\n")
+            marked = self.run(["scontrol", "update", f"JobId={job}", f"AdminComment={SPEC_MARK}{spec}"])
+            assert marked.ok, marked.stderr
         assert self.run(["scontrol", "release", job]).ok
         return job
 
@@ -245,9 +248,11 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     root = Path(sandbox.slurm_conf).parent.parent
     etc = Path(sandbox.slurm_conf).parent
     journal_root = root / "journal"
-    spec_dir = Path(sandbox.shared_dir) / "chaos-spec"
-    spec_dir.mkdir(parents=True, exist_ok=True)
     log_file = root / "log" / "slurm-chaos-agent.log"
+    policy = etc / POLICY_NAME
+    saved_policy = policy.read_text() if policy.exists() else None
+    # These tests measure faults on nodes that jobs share (several jobs per node, no --exclusive).
+    write_policy(policy, Policy(allow_users=("root", "chaosok"), require_exclusive=False))
     checkpoints = Path(sandbox.shared_dir) / "checkpoints"
     checkpoints.mkdir(exist_ok=True)
     install_hooks(
@@ -255,7 +260,7 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         sys.executable,
         journal_root=journal_root,
         log_file=log_file,
-        spec_dir=spec_dir,
+        audit_log=root / "log" / "slurm-chaos-audit.log",
         deadline_s=600,
         ckpt_roots=(str(checkpoints),),
     )
@@ -266,7 +271,6 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         root,
         Path(sandbox.shared_dir),
         journal_root,
-        spec_dir,
         log_file,
         tuple(sandbox.nodes),
     )
@@ -276,6 +280,10 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         yield c
     finally:
         uninstall_hooks(etc)
+        if saved_policy is None:
+            policy.unlink(missing_ok=True)
+        else:
+            policy.write_text(saved_policy)
 
 
 def kernel_has_netem(c: Cluster) -> bool:
@@ -659,22 +667,18 @@ def test_journal_is_json_lines_written_before_the_change(cluster: Cluster) -> No
     assert change["undo"]["action"] == "tc_restore" and change["deadline"] > change["time"]
 
 
-def test_spank_plugin_passes_the_spec_to_the_prolog(cluster: Cluster) -> None:
-    """End to end: --chaos on sbatch, the plugin's SPANK_SLURM_CHAOS_SPEC, the prolog, the epilog."""
+def test_spank_plugin_and_the_prolog_act_on_one_granted_spec(cluster: Cluster) -> None:
+    """End to end: --chaos on sbatch, job_submit.lua's AdminComment, the prolog's grant, the epilog."""
     from slurm_chaos.faults.plugin_install import PluginArgs, build_plugin, plugstack_line, update_plugstack
 
-    plugstack = Path(cluster.env["SLURM_CONF"]).parent / "plugstack.conf"
+    etc = Path(cluster.env["SLURM_CONF"]).parent
+    plugstack = etc / "plugstack.conf"
     saved = plugstack.read_text() if plugstack.exists() else None
     try:
         so = build_plugin(cluster.shared / "plugin-prefix", SubprocessRunner())
     except Exception as exc:  # the plugin is another module's; its build is tested there
         pytest.skip(f"SPANK plugin not buildable here: {exc}")
-    args = PluginArgs(
-        allow_users=("root",),
-        allow_reservations=("chaos_maint",),
-        require_exclusive=True,
-        journal_dir=str(cluster.journal_root),
-    )
+    args = PluginArgs(policy=str(etc / POLICY_NAME), journal_dir=str(cluster.journal_root))
     before = cluster.snapshot("node2")
     try:
         update_plugstack(plugstack, plugstack_line(so, args))

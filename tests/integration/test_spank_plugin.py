@@ -1,8 +1,10 @@
 """The SPANK plugin on the real sandbox cluster: effects inside the job, refusals, no-op path.
 
-The plugin is built and registered in the sandbox's plugstack.conf for this module only (the
-previous file is restored afterwards). slurmstepd and srun/sbatch read plugstack.conf at each
-start, so no daemon restart is needed.
+For this module only (the previous files are restored afterwards) the plugin is built and
+registered in the sandbox's plugstack.conf, the policy lets root inject in the maintenance
+reservation on exclusive nodes, and the prolog/epilog hooks are installed: in slurmstepd the
+plugin acts only on the prolog's grant. slurmstepd and srun/sbatch read plugstack.conf at each
+start, and slurmctld re-reads job_submit.lua and the policy, so no daemon restart is needed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dataclasses
 import json
 import os
 import re
+import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,8 +23,10 @@ from pathlib import Path
 import pytest
 
 from slurm_chaos.faults import load_catalogue
+from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks
 from slurm_chaos.faults.journal import Journal
 from slurm_chaos.faults.plugin_install import PluginArgs, build_plugin, plugstack_line, update_plugstack
+from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
 
 pytestmark = pytest.mark.sandbox
@@ -39,23 +45,45 @@ class PluginSandbox:
     plugstack: Path
     plugin_path: Path
     args: PluginArgs
+    policy: Policy
 
     def run(self, argv: Sequence[str], env: dict[str, str] | None = None) -> Completed:
         return SubprocessRunner()(argv, timeout=TIMEOUT, env={**self.env, **(env or {})})
 
+    def set_policy(self, policy: Policy) -> None:
+        write_policy(Path(self.args.policy), policy)
+
+
+def _saved(paths: Sequence[Path]) -> dict[Path, str | None]:
+    return {p: p.read_text() if p.exists() else None for p in paths}
+
+
+def _restore(saved: dict[Path, str | None]) -> None:
+    for path, text in saved.items():
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text)
+
 
 @pytest.fixture(scope="module")
 def plugin(sandbox) -> Iterator[PluginSandbox]:  # type: ignore[no-untyped-def]
-    plugstack = Path(sandbox.slurm_conf).parent / "plugstack.conf"
-    before = plugstack.read_text() if plugstack.exists() else None
+    etc = Path(sandbox.slurm_conf).parent
+    plugstack, policy_path = etc / "plugstack.conf", etc / POLICY_NAME
+    hooks = [etc / f"{kind}.d" / HOOK_NAME for kind in ("prolog", "epilog")]
+    saved = _saved([plugstack, policy_path, *hooks])
     prefix = Path(sandbox.shared_dir) / "spank-test-prefix"
     journal_dir = Path(sandbox.shared_dir) / f"journal-{uuid.uuid4().hex[:8]}"
     so = build_plugin(prefix, SubprocessRunner())
-    args = PluginArgs(
-        allow_users=("root",),
-        allow_reservations=(sandbox.reservation,),
-        require_exclusive=True,
-        journal_dir=str(journal_dir),
+    args = PluginArgs(policy=str(policy_path), journal_dir=str(journal_dir))
+    policy = Policy(allow_users=("root",), allow_reservations=(sandbox.reservation,), require_exclusive=True)
+    write_policy(policy_path, policy)
+    install_hooks(
+        etc,
+        sys.executable,
+        journal_root=journal_dir,
+        log_file=etc.parent / "log" / "slurm-chaos-agent.log",
+        audit_log=etc.parent / "log" / "slurm-chaos-audit.log",
     )
     update_plugstack(plugstack, plugstack_line(so, args))
     try:
@@ -67,12 +95,10 @@ def plugin(sandbox) -> Iterator[PluginSandbox]:  # type: ignore[no-untyped-def]
             plugstack,
             so,
             args,
+            policy,
         )
     finally:
-        if before is None:
-            plugstack.unlink(missing_ok=True)
-        else:
-            plugstack.write_text(before)
+        _restore(saved)
 
 
 def task_env(result: Completed) -> dict[str, str]:
@@ -243,30 +269,55 @@ def test_malformed_spec_refused_at_submission(plugin: PluginSandbox) -> None:
     assert not new_jobs
 
 
-def test_non_exclusive_job_refused_on_the_node_without_draining_it(plugin: PluginSandbox) -> None:
-    out = plugin.shared_dir / f"spank-refused-{uuid.uuid4().hex[:8]}.out"
-    result = plugin.run(
+def test_non_exclusive_job_refused_at_submission_and_on_the_node(plugin: PluginSandbox) -> None:
+    queue_before = set(plugin.run(["squeue", "-h", "-o", "%i"]).stdout.split())
+    # slurmctld's job_submit.lua refuses it: the job never exists.
+    for argv in (
         [
             "sbatch",
-            "--wait",
+            "--parsable",
             "-N1",
             "-n1",
             "--chaos=nccl-degrade:ib=off",
-            "-o",
-            str(out),
             "--wrap",
             "echo SHOULD-NOT-RUN",
+        ],
+        ["srun", "-N1", "-n1", "--chaos=nccl-degrade:ib=off", "echo", "SHOULD-NOT-RUN"],
+    ):
+        result = plugin.run(argv)
+        assert result.returncode != 0 and "SHOULD-NOT-RUN" not in result.stdout
+        assert "does not hold its nodes exclusively" in result.stderr and "--exclusive" in result.stderr
+    assert set(plugin.run(["squeue", "-h", "-o", "%i"]).stdout.split()) <= queue_before
+    # Marked anyway by an administrator (AdminComment), the prolog refuses it from slurmctld's facts,
+    # and its steps are refused on the node: tasks exit before exec, the node is not drained.
+    out = plugin.shared_dir / f"spank-refused-{uuid.uuid4().hex[:8]}.out"
+    held = plugin.run(
+        [
+            "sbatch", "--parsable", "--hold", "-N1", "-n1", "-o", str(out), "--wrap",
+            "srun --chaos=nccl-degrade:ib=off echo SHOULD-NOT-RUN; echo srun-exit=$?",
         ]
-    )
-    assert result.returncode != 0
+    )  # fmt: skip
+    assert held.ok, held.stderr
+    job = held.stdout.strip()
+    assert plugin.run(
+        ["scontrol", "update", f"JobId={job}", "AdminComment=slurm-chaos=nccl-degrade:ib=off"]
+    ).ok
+    assert plugin.run(["scontrol", "release", job]).ok
+    wait_gone(plugin, job)
     text = out.read_text()
-    assert "does not hold its nodes exclusively" in text and "--exclusive" in text
-    assert "SHOULD-NOT-RUN" not in text
+    assert "does not hold its nodes exclusively" in text and "SHOULD-NOT-RUN" not in text
+    assert "srun-exit=0" not in text
     assert not [n for n, state in node_states(plugin).items() if state.startswith("drain")]
-    srun = plugin.run(["srun", "-N1", "-n1", "--chaos=nccl-degrade:ib=off", "echo", "SHOULD-NOT-RUN"])
-    assert srun.returncode != 0
-    assert "SHOULD-NOT-RUN" not in srun.stdout
-    assert "does not hold its nodes exclusively" in srun.stderr
+
+
+def wait_gone(plugin: PluginSandbox, job: str) -> None:
+    end = time.monotonic() + TIMEOUT
+    while time.monotonic() < end:
+        state = plugin.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip()
+        if state in ("", "COMPLETED", "FAILED", "CANCELLED"):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job} still queued")
 
 
 @pytest.fixture
@@ -304,53 +355,50 @@ def test_unprivileged_user_refused_at_submission(plugin: PluginSandbox, unprivil
     assert not result.stdout.strip()
 
 
-def test_prolog_hooks_receive_the_canonical_spec(plugin: PluginSandbox, sandbox) -> None:  # type: ignore[no-untyped-def]
-    """The node-level faults are applied by prolog hooks: they read SPANK_SLURM_CHAOS_SPEC."""
-    hooks = Path(sandbox.slurm_conf).parent / "prolog.d"
-    if not hooks.is_dir():
-        pytest.skip("this sandbox has no prolog.d")
-    dump = plugin.shared_dir / f"prolog-env-{uuid.uuid4().hex[:8]}"
-    probe = hooks / f"99-spank-test-{uuid.uuid4().hex[:6]}"
-    probe.write_text(f'#!/bin/sh\necho "$SPANK_SLURM_CHAOS_SPEC" > {dump}.$SLURM_JOB_ID\n')
-    probe.chmod(0o755)
-    try:
-        result = plugin.run(
-            [
-                "sbatch",
-                "--wait",
-                "--parsable",
-                "--exclusive",
-                "-N1",
-                "--chaos=netem:delay=5ms",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "true",
-            ]
-        )
-        assert result.ok, result.stderr
-        job = result.stdout.strip().split(";")[0]
-        assert Path(f"{dump}.{job}").read_text().strip() == "netem:delay=0.005s"
-    finally:
-        probe.unlink()
+def test_slurmctld_records_the_canonical_spec_and_the_prolog_grants_it(plugin: PluginSandbox) -> None:
+    """job_submit.lua puts the canonical SPEC in the job's AdminComment, which only an administrator
+    can set; the prolog grants that, never the job's own SPANK_SLURM_CHAOS_SPEC."""
+    start = time.time()
+    result = plugin.run(
+        [
+            "sbatch", "--wait", "--parsable", "--exclusive", "-N1", "--chaos=nccl-degrade:channels=2",
+            "-o", "/dev/null", "--wrap", "true",
+        ]
+    )  # fmt: skip
+    assert result.ok, result.stderr
+    job = result.stdout.strip().split(";")[0]
+    comment = plugin.run(["squeue", "-h", "-t", "all", "-j", job, "-O", "admin_comment:|"]).stdout
+    assert comment.strip().rstrip("|") == "slurm-chaos=nccl-degrade:channels=2"
+    audit = Path(plugin.args.policy).parent.parent / "log" / "slurm-chaos-audit.log"
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    mine = [e for e in entries if e["job_id"] == job and e["time"] >= start]  # ids repeat in a new sandbox
+    assert [(e["decision"], e["spec"], e["user"], e["exclusive"]) for e in mine] == [
+        ("granted", "nccl-degrade:channels=2", "root", True)
+    ]
 
 
 def test_unwritable_journal_refuses_instead_of_injecting(plugin: PluginSandbox) -> None:
-    blocker = plugin.shared_dir / f"not-a-dir-{uuid.uuid4().hex[:6]}"
-    blocker.write_text("a file where the journal directory should be\n")
-    broken = dataclasses.replace(plugin.args, journal_dir=str(blocker / "journal"))
-    update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, broken))
+    node = plugin.nodes[0]
+    held = plugin.run(
+        [
+            "sbatch", "--parsable", "--hold", "-N1", "--exclusive", "-w", node, "--chaos=nccl-degrade:ib=off",
+            "-o", str(plugin.shared_dir / "spank-unwritable-%j.out"), "--wrap", "printenv NCCL_IB_DISABLE",
+        ]
+    )  # fmt: skip
+    assert held.ok, held.stderr
+    job = held.stdout.strip()
+    blocker = plugin.journal_dir / node / f"{job}.jsonl"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.symlink_to("/nonexistent/journal")  # the plugin never writes through a symlink
     try:
-        result = plugin.run(
-            ["srun", "-N1", "--exclusive", "--chaos=nccl-degrade:ib=off", "printenv", "NCCL_IB_DISABLE"]
-        )
-        assert result.returncode != 0
-        assert "cannot write the journal" in result.stderr
-        assert "1" not in result.stdout.split()
+        assert plugin.run(["scontrol", "release", job]).ok
+        wait_gone(plugin, job)
+        text = (plugin.shared_dir / f"spank-unwritable-{job}.out").read_text()
+        assert "cannot write the journal" in text
+        assert "1" not in text.split()
         plain = plugin.run(["srun", "-N1", "--exclusive", "true"])
         assert plain.ok, plain.stderr  # jobs without --chaos are not affected
     finally:
-        update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, plugin.args))
         blocker.unlink()
 
 
@@ -362,14 +410,18 @@ def test_node_rechecks_a_spec_that_bypassed_srun(plugin: PluginSandbox) -> None:
     assert result.returncode != 0
     assert "SHOULD-NOT-RUN" not in result.stdout
     assert "refused --chaos: bad chaos SPEC 'bogus': unknown fault 'bogus'" in result.stderr
+    # What the user typed reaches the logs as one line, without control characters.
+    forged = {"_SLURM_SPANK_OPTION_slurm_chaos_chaos": "bo\ngus\x1b[2J"}
+    result = plugin.run(["srun", "-N1", "--exclusive", "true"], env=forged)
+    assert result.returncode != 0 and "bad chaos SPEC 'bo?gus?[2J'" in result.stderr
 
 
 def test_account_rule_refuses_on_the_node_and_inside_an_allocation(plugin: PluginSandbox) -> None:
-    strict = dataclasses.replace(plugin.args, allow_accounts=("no-such-account",))
-    update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, strict))
+    plugin.set_policy(dataclasses.replace(plugin.policy, allow_accounts=("no-such-account",)))
     out = plugin.shared_dir / f"spank-account-{uuid.uuid4().hex[:8]}.out"
     try:
-        # srun creating its allocation: the account is only known on the node.
+        # srun creating its allocation: the default account is only known once the job exists,
+        # so the prolog refuses it from slurmctld's record, and the node refuses the step.
         alone = plugin.run(
             ["srun", "-N1", "--exclusive", "--chaos=nccl-degrade:ib=off", "echo", "SHOULD-NOT-RUN"]
         )
@@ -393,4 +445,4 @@ def test_account_rule_refuses_on_the_node_and_inside_an_allocation(plugin: Plugi
         assert "SHOULD-NOT-RUN" not in text and "srun-exit=0" not in text
         assert inner.returncode == 0  # the job itself (without --chaos) ran
     finally:
-        update_plugstack(plugin.plugstack, plugstack_line(plugin.plugin_path, plugin.args))
+        plugin.set_policy(plugin.policy)

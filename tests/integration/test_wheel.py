@@ -157,11 +157,14 @@ def test_plugin_install_builds_from_the_shipped_sources(installed: Installed) ->
     assert (lib / "slurm_chaos.so").is_file() and (lib / "libslurm_chaos_io.so").is_file()
     root = installed.sandbox_root / SANDBOX
     (line,) = (root / "etc" / "plugstack.conf").read_text().splitlines()
-    assert line.startswith(f"required {lib / 'slurm_chaos.so'} allow_users=root ")
-    assert line.endswith(f" journal_dir={root / 'journal'}")
+    policy = root / "etc" / "slurm-chaos-policy.toml"
+    assert line == f"required {lib / 'slurm_chaos.so'} policy={policy} journal_dir={root / 'journal'}"
+    assert 'allow_users = ["root"' in policy.read_text()  # the shipped sandbox.yaml's safety section
+    assert f'local POLICY_PATH = "{policy}"' in (root / "etc" / "job_submit.lua").read_text()
     prolog = (root / "etc" / "prolog.d" / "50-slurm-chaos").read_text()
-    assert f"{installed.venv / 'bin' / 'python'} -m slurm_chaos.faults.hooks prolog" in prolog
-    assert f"PYTHONPATH={installed.package.parent}" in prolog and str(REPO) not in prolog
+    assert f"{installed.venv / 'bin' / 'python'} -I -c " in prolog
+    assert "sys.path.insert(0, " in prolog and str(installed.package.parent) in prolog
+    assert str(REPO) not in prolog
     assert (root / "etc" / "epilog.d" / "50-slurm-chaos").is_file()
     assert (root / "etc" / "healthcheck.d" / "50-slurm-chaos").is_file()
     # Built out of tree: the installed sources stay as shipped.

@@ -380,3 +380,41 @@ def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None
     job = SlurmCLI(ENV, runner).poll(["34"])["34"]
     assert (job.name, job.nodes, job.state) == ("two.sbatch", ("node1", "node2"), JobState.COMPLETED)
     assert calls_to(runner, "sacct") == []
+
+
+def test_job_record_from_squeue_fields_a_user_cannot_write() -> None:
+    runner = slurm(V22, {"squeue": lambda a: ok(a, (V22 / "squeue_job_record.txt").read_text())})
+    cli = SlurmCLI(ENV, runner)
+    job = cli.job_record("1")
+    # The job's name holds " AdminComment=slurm-chaos=evil|y": squeue -O never prints it.
+    assert job.admin_comment == "slurm-chaos=netem:delay=0.005s"
+    assert (job.user_id, job.user, job.account, job.partition, job.reservation) == (
+        0, "root", "root", "debug", "chaos_maint",
+    )  # fmt: skip
+    assert job.exclusive and not job.array and not job.het
+    assert (job.num_nodes, job.nodes) == (2, ("node1", "node2"))
+    task = cli.job_record("2")  # an array's id lists its tasks too: the row of job 2 is the one
+    assert task.array and not task.exclusive and task.admin_comment == ""
+    assert calls_to(runner, "squeue")[0][:3] == ("squeue", "--noheader", "--jobs=1")
+    with pytest.raises(SlurmError, match="job 99: not known"):
+        cli.job_record("99")
+
+
+@pytest.mark.parametrize(
+    ("job", "partition", "exclusive"),
+    [("NO", "NO", True), ("OK", "NO", False), ("OK", "EXCLUSIVE", True), ("NO", "FORCE:4", False),
+     ("USER", "YES:4", False)],
+)  # fmt: skip
+def test_exclusive_means_no_other_job_on_the_nodes(job: str, partition: str, exclusive: bool) -> None:
+    from slurm_chaos.slurm import parse
+
+    line = f"7|N/A|N/A|1001|alice|a|p|(null)|{job}|1|node1|(null)|\n"
+    rec = parse.parse_job_records(line, {"p": partition})["7"]
+    assert rec.exclusive is exclusive and rec.reservation == "" and rec.admin_comment == ""
+
+
+def test_admin_comment_may_hold_the_separator() -> None:
+    from slurm_chaos.slurm import parse
+
+    line = "7|N/A|N/A|0|root|a|p|r|NO|1|node1|slurm-chaos=x|y|\n"
+    assert parse.parse_job_records(line, {})["7"].admin_comment == "slurm-chaos=x|y"

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from slurm_chaos.faults import SpecError, load_catalogue, parse_spec
 from slurm_chaos.faults.catalogue import CATALOGUE_PATH
+from slurm_chaos.faults.policy import Policy, parse_policy
 from slurm_chaos.faults.spec import format_spec
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "spank_plugin"
@@ -245,17 +246,39 @@ def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
     assert all(call[6] == f"CATALOGUE={CATALOGUE_PATH}" for call in runner.calls)
     so = tmp_path / "prefix" / "lib" / "slurm-chaos" / "slurm_chaos.so"
     assert result.replaced and result.plugin_path == so
+    policy = tmp_path / "slurm-chaos-policy.toml"  # beside the site's slurm.conf
+    # Paths only on the plugstack.conf line: the rules are in the root-owned policy file.
     assert plugstack.read_text().splitlines() == [
         "# keep me",
         "optional /usr/lib/other.so x=1",
-        f"required {so} allow_users=root,alice allow_partitions=debug allow_reservations=chaos_maint "
-        "require_exclusive=1 journal_dir=/var/lib/j",
+        f"required {so} policy={policy} journal_dir=/var/lib/j",
     ]
+    assert result.policy_path == policy and policy.stat().st_mode & 0o777 == 0o644
+    assert parse_policy(policy.read_text()) == Policy(
+        allow_users=("root", "alice"),
+        allow_partitions=("debug",),
+        allow_reservations=("chaos_maint",),
+        max_nodes=4,
+    )
+    lua = (tmp_path / "job_submit.lua").read_text()
+    assert result.job_submit == tmp_path / "job_submit.lua" and f'local POLICY_PATH = "{policy}"' in lua
     again = install_plugin(_site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner)
     assert again.line.endswith("journal_dir=/var/lib/slurm-chaos/journal")  # the hooks' root (no sandbox)
     assert again.replaced and plugstack.read_text().count("slurm_chaos.so") == 1
     assert uninstall_plugin(result.plugstack_path.parent / "site.yaml")
     assert plugstack.read_text().splitlines() == ["# keep me", "optional /usr/lib/other.so x=1"]
+    assert not policy.exists()  # without it every fault is refused
+
+
+def test_a_sites_own_job_submit_lua_is_kept(tmp_path: Path) -> None:
+    from slurm_chaos.faults.plugin_install import OWN_LUA, install_job_submit
+
+    (tmp_path / "job_submit.lua").write_text("function slurm_job_submit() return 0 end\n")
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    target, notes = install_job_submit(tmp_path, tmp_path / "slurm-chaos-policy.toml")
+    assert target == tmp_path / OWN_LUA and "slurm-chaos job_submit/lua" in target.read_text()
+    assert (tmp_path / "job_submit.lua").read_text().startswith("function slurm_job_submit")
+    assert "is the site's own" in notes[0] and "add JobSubmitPlugins=lua" in notes[1]
 
 
 def test_install_plugin_reports_a_failed_build(tmp_path: Path) -> None:
@@ -285,27 +308,18 @@ def test_plugin_args_the_c_parser_would_refuse_are_caught(tmp_path: Path) -> Non
 def test_rendered_args_are_accepted_by_the_c_parser(chaos_spec: Path) -> None:
     from slurm_chaos.faults.plugin_install import PluginArgs
 
-    words = PluginArgs(
-        allow_users=("root", "1002"),
-        allow_accounts=("a",),
-        allow_partitions=("debug", "gpu"),
-        allow_reservations=("maint",),
-        require_exclusive=False,
-        journal_dir="/j",
-    ).render()
-    assert words == [
-        "allow_users=root,1002",
-        "allow_accounts=a",
-        "allow_partitions=debug,gpu",
-        "allow_reservations=maint",
-        "require_exclusive=0",
-        "journal_dir=/j",
-    ]
+    words = PluginArgs(policy="/etc/slurm/slurm-chaos-policy.toml", journal_dir="/j").render()
+    assert words == ["policy=/etc/slurm/slurm-chaos-policy.toml", "journal_dir=/j"]
     assert c_answers(chaos_spec, words, "-a") == ["ok"]
-    refused = c_answers(chaos_spec, ["allow_user=root"], "-a")
-    assert refused == [
-        "error: unknown plugstack argument 'allow_user=root' (known: allow_users, allow_accounts, "
-        "allow_partitions, allow_reservations, require_exclusive, journal_dir)"
+    with pytest.raises(ValueError, match="absolute path"):
+        PluginArgs(policy="relative.toml").render()
+    assert c_answers(chaos_spec, ["polcy=/x"], "-a") == [
+        "error: unknown plugstack argument 'polcy=/x' (known: policy, journal_dir)"
+    ]
+    # A plugstack.conf line (the user's own, say) cannot carry rules any more.
+    assert c_answers(chaos_spec, ["allow_users=mallory"], "-a") == [
+        "error: plugstack argument 'allow_users=mallory': the rules are in the policy file now, not on "
+        "this line (slurm-chaos plugin install writes it)"
     ]
 
 

@@ -1,11 +1,14 @@
-"""Entry point the prolog/epilog hook scripts run: ``python -m slurm_chaos.faults.hooks prolog|epilog``.
+"""Entry point of the prolog/epilog hook scripts (``install_hooks``): ``prolog|epilog [options]``.
 
-Reads the job from the environment slurmd gives prolog and epilog: SLURM_JOB_ID, SLURMD_NODENAME,
-SLURM_JOB_UID, SLURM_JOB_GID, SLURM_JOB_NODELIST, and the SPEC the SPANK plugin passed with
-``spank_job_control_setenv("SLURM_CHAOS_SPEC")``, which slurmd hands over as
-``SPANK_SLURM_CHAOS_SPEC``. Without the plugin, a file ``<spec dir>/<job id>`` holding the SPEC
-(written between ``sbatch --hold`` and ``scontrol release``) does the same. The plugin may also
-pass ``SLURM_CHAOS_DEADLINE`` (seconds) to bound the watchdog by the job's time limit.
+The prolog decides from trusted facts only (:mod:`slurm_chaos.faults.authz`): the job's SPEC
+from its AdminComment in slurmctld, its uid and user from slurmd's ``SLURM_JOB_UID`` and
+``SLURM_JOB_USER``, the rest from slurmctld, the rules from the root-owned policy file. It never
+reads the SPEC from the job's environment (``SPANK_*`` is the user's to set). Every decision on a
+job with a SPEC goes to the audit log and to the job's grant file for the SPANK plugin; a granted
+SPEC's node-level faults are then applied by the agent. ``SLURM_CHAOS_DEADLINE`` (seconds, from
+the job) may only shorten the watchdog's deadline.
+
+The epilog stops the job's agent, reverts its journal and removes its grant file.
 
 Every failure is logged with the 'slurm-chaos:' prefix and the exit code is always 0: a hook's
 own failure must never drain the node.
@@ -17,36 +20,20 @@ import argparse
 import os
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from slurm_chaos.faults import agent
+from slurm_chaos.errors import SlurmError
+from slurm_chaos.faults import agent, authz
 from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.node_base import log
-from slurm_chaos.hostlist import expand_hostlist
+from slurm_chaos.faults.policy import POLICY_NAME, PolicyError
 from slurm_chaos.runner import Runner, SubprocessRunner
+from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 
-SPEC_ENV = ("SPANK_SLURM_CHAOS_SPEC", "SLURM_CHAOS_SPEC")
 DEADLINE_ENV = ("SPANK_SLURM_CHAOS_DEADLINE", "SLURM_CHAOS_DEADLINE")
-
-
-def job_spec(env: Mapping[str, str], spec_dir: Path | None) -> str:
-    """The job's SPEC: from the plugin's variable, else from the fallback file, else ''."""
-    for name in SPEC_ENV:
-        if env.get(name):
-            return env[name].strip()
-    job = env.get("SLURM_JOB_ID", "")
-    if spec_dir is not None and job.isdigit():
-        try:
-            return (spec_dir / job).read_text().strip()
-        except OSError:
-            return ""
-    return ""
-
-
-def _int(env: Mapping[str, str], key: str) -> int | None:
-    value = env.get(key, "")
-    return int(value) if value.isdigit() else None
+DEFAULT_SLURM_ETC = Path("/etc/slurm")
 
 
 def _deadline(env: Mapping[str, str], default: float) -> float:
@@ -64,40 +51,57 @@ def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> No
         log.info("%s cleanup: %s", kind, line)
 
 
-def _job_nodes(env: Mapping[str, str], runner: Runner, job: str, spec: str) -> list[str]:
-    """The job's nodes: Slurm 22.05's prolog has no SLURM_JOB_NODELIST, so ask once (time-bounded),
-    and only when a fault needs the list (slow-node picks its node by index)."""
-    nodelist = env.get("SLURM_JOB_NODELIST", "")
-    if not nodelist and "slow-node" in spec:
-        res = runner(["squeue", "-h", "-j", job, "-o", "%N"], timeout=5)
-        nodelist = res.stdout.strip() if res.ok else ""
-    return expand_hostlist(nodelist)
+def _decide(
+    args: argparse.Namespace, job: str, node: str, env: Mapping[str, str], scheduler: Scheduler
+) -> authz.Decision | None:
+    """The decision, audited and written to the grant file; None when the job asks for nothing."""
+    try:
+        decision = authz.decide(job, node, env, scheduler, args.policy)
+    except PolicyError as exc:
+        log.error("prolog: job %s on %s: every fault refused: %s", job, node, exc)
+        return None
+    except SlurmError as exc:
+        log.error("prolog: job %s on %s: no fault applied: slurmctld did not answer: %s", job, node, exc)
+        return None
+    if decision is None:
+        return None
+    try:
+        authz.audit(args.audit_log, decision)
+    except OSError as exc:
+        decision = replace(decision, refused=f"cannot write the audit log {args.audit_log}: {exc}")
+    authz.write_grant(args.journal_root, decision)
+    return decision
 
 
-def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> None:
+def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler) -> None:
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
-    if not job or not node:
+    if not job.isdigit() or not node:
         log.error("prolog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
         return
     _stale(args, node, runner, "prolog")
-    spec = job_spec(env, args.spec_dir)
-    if not spec:
+    authz.remove_grant(args.journal_root, node, job)  # a grant holds for one run of the job
+    decision = _decide(args, job, node, env, scheduler)
+    if decision is None:
+        return
+    spec = authz.escaped(decision.spec)
+    if not decision.granted:
+        log.warning("prolog: job %s on %s: SPEC %s refused: %s", job, node, spec, decision.refused)
         return
     res = agent.apply(
         job,
         node,
-        spec,
+        decision.spec,
         _deadline(env, args.deadline),
         args.journal_root,
         runner,
-        nodes=_job_nodes(env, runner, job, spec),
-        uid=_int(env, "SLURM_JOB_UID"),
-        gid=_int(env, "SLURM_JOB_GID"),
+        nodes=decision.nodes,
+        uid=decision.facts.uid,
+        gid=int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else None,
         log_file=args.log_file,
         ckpt_roots=args.ckpt_root,
     )
     log.info(
-        "prolog: job %s on %s: SPEC %s: applied [%s] failed [%s] agent %s %s",
+        "prolog: job %s on %s: SPEC %s granted: applied [%s] failed [%s] agent %s %s",
         job,
         node,
         spec,
@@ -108,32 +112,45 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> 
     )
 
 
-def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner) -> None:
+def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler) -> None:
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
-    if not job or not node:
+    if not job.isdigit() or not node:
         log.error("epilog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
         return
     for line in agent.undo(job, node, args.journal_root, runner):
         log.info("epilog: job %s on %s: %s", job, node, line)
+    authz.remove_grant(args.journal_root, node, job)
     _stale(args, node, runner, "epilog")
 
 
+def _default_policy(env: Mapping[str, str]) -> Path:
+    # SLURM_CONF in the hooks' environment is slurmd's own configuration file.
+    conf = env.get("SLURM_CONF", "")
+    return (Path(conf).parent if conf.startswith("/") else DEFAULT_SLURM_ETC) / POLICY_NAME
+
+
 def main(
-    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, runner: Runner | None = None
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    runner: Runner | None = None,
+    scheduler: Scheduler | None = None,
 ) -> int:
-    p = argparse.ArgumentParser(prog="python -m slurm_chaos.faults.hooks")
+    environ = env if env is not None else dict(os.environ)
+    p = argparse.ArgumentParser(prog="slurm-chaos hook")
     p.add_argument("kind", choices=["prolog", "epilog"])
     p.add_argument("--journal-root", type=Path, default=DEFAULT_ROOT)
     p.add_argument("--log-file", type=Path, default=None)
-    p.add_argument("--spec-dir", type=Path, default=None)
+    p.add_argument("--policy", type=Path, default=_default_policy(environ))
+    p.add_argument("--audit-log", type=Path, default=authz.DEFAULT_AUDIT_LOG)
     p.add_argument("--deadline", type=float, default=agent.DEFAULT_DEADLINE_S)
     p.add_argument("--ckpt-root", action="append", default=[], help="an allowed checkpoint root (repeatable)")
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
     agent.ensure_system_path()
-    environ = env if env is not None else dict(os.environ)
+    run = runner or SubprocessRunner()
     try:
-        (prolog if args.kind == "prolog" else epilog)(args, environ, runner or SubprocessRunner())
+        slurm = scheduler or make_scheduler({k: v for k, v in environ.items() if k == "SLURM_CONF"}, run)
+        (prolog if args.kind == "prolog" else epilog)(args, environ, run, slurm)
     except Exception:  # never let a hook's own failure drain the node
         log.error("%s failed for job %s:\n%s", args.kind, environ.get("SLURM_JOB_ID"), traceback.format_exc())
     return 0

@@ -1,0 +1,214 @@
+"""The prolog's decision: may this job's faults be applied on this node? From trusted facts only.
+
+Nothing here reads what the job's user controls (the job's environment, ``SPANK_*`` variables,
+their own plugstack.conf): a user can set ``SPANK_SLURM_CHAOS_SPEC`` for any job of theirs.
+
+- The SPEC is the one slurmctld holds in the job's AdminComment as ``slurm-chaos=<SPEC>``.
+  Only an administrator can set AdminComment: slurmctld refuses it from anyone else at
+  submission and on update. slurm-chaos's job_submit.lua copies the ``--chaos`` SPEC there when
+  the policy allows the job (and refuses the job otherwise); an administrator may also set it on
+  a held job (``scontrol update job=J AdminComment=slurm-chaos=SPEC``).
+- The job's uid and user come from slurmd (``SLURM_JOB_UID``, ``SLURM_JOB_USER``); account,
+  partition, reservation, oversubscription, array and het membership and node count from
+  slurmctld (:meth:`Scheduler.job_record`).
+- The rules come from the root-owned policy file (:mod:`slurm_chaos.faults.policy`).
+
+Each decision on a job with a SPEC is appended to the root-owned audit log, and written to the
+job's grant file on this node, ``<journal root>/<node>/<job>.grant``, for the SPANK plugin: in
+slurmstepd it applies task-level faults only to the SPEC the prolog granted (``policy.c``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from slurm_chaos.faults.policy import JobFacts, load_policy, refusal, user_refusal
+from slurm_chaos.faults.spec import SpecError, canonical_spec
+from slurm_chaos.slurm.backend import Scheduler
+
+#: AdminComment of a job granted faults: this prefix, then the SPEC.
+SPEC_MARK = "slurm-chaos="
+DEFAULT_AUDIT_LOG = Path("/var/log/slurm-chaos/audit.log")
+GRANT_SUFFIX = ".grant"
+MAX_GRANT_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The prolog's answer for one job with a SPEC on one node."""
+
+    job_id: str
+    node: str
+    spec: str
+    facts: JobFacts
+    nodes: tuple[str, ...]
+    refused: str | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.refused is None
+
+
+def spec_from_admin_comment(admin_comment: str) -> str:
+    """The SPEC of `admin_comment` (``slurm-chaos=<SPEC>``), or '' if it holds none."""
+    text = admin_comment.strip()
+    return text[len(SPEC_MARK) :] if text.startswith(SPEC_MARK) else ""
+
+
+def escaped(text: str) -> str:
+    """Text for a log line: quoted, control characters escaped (a SPEC may come from anyone)."""
+    return json.dumps(text, ensure_ascii=True)
+
+
+def env_facts(env: Mapping[str, str]) -> JobFacts | None:
+    """The facts slurmd puts in the prolog's environment: uid and user (None without a uid)."""
+    uid = env.get("SLURM_JOB_UID", "")
+    if not uid.isdigit():
+        return None
+    return JobFacts(uid=int(uid), user=env.get("SLURM_JOB_USER") or None)
+
+
+def decide(
+    job_id: str, node: str, env: Mapping[str, str], scheduler: Scheduler, policy_path: Path
+) -> Decision | None:
+    """The decision for a job, or None when it asks for nothing (or nothing can be known).
+
+    Raises PolicyError (a bad policy refuses every fault) and SlurmError (no answer: nothing
+    is applied, since the SPEC itself is unknown).
+    """
+    policy = load_policy(policy_path)
+    who = env_facts(env)
+    if who is None or user_refusal(policy, who.uid, who.user):
+        return None  # slurmctld is not asked about jobs of users the policy refuses anyway
+    record = scheduler.job_record(job_id)
+    spec = spec_from_admin_comment(record.admin_comment)
+    if not spec:
+        return None
+    facts = JobFacts(
+        uid=who.uid,
+        user=who.user or record.user or None,
+        account=record.account or None,
+        partition=record.partition or None,
+        reservation=record.reservation or None,
+        exclusive=record.exclusive,
+        array=record.array,
+        het=record.het or bool(env.get("SLURM_HET_JOB_ID")),
+        nodes=record.num_nodes,
+    )
+    decision = Decision(job_id, node, spec, facts, record.nodes)
+    if record.user_id != who.uid:
+        return _refuse(decision, f"slurmd says uid {who.uid}, slurmctld says {record.user_id}")
+    try:
+        decision = Decision(job_id, node, canonical_spec(spec), facts, record.nodes)
+    except SpecError as exc:
+        return _refuse(decision, str(exc))
+    why = refusal(policy, facts)
+    return _refuse(decision, why) if why else decision
+
+
+def _refuse(decision: Decision, why: str) -> Decision:
+    return replace(decision, refused=why)
+
+
+# --------------------------------------------------------------------------------- records
+
+
+def _open_root_file(path: Path, flags: int, mode: int) -> int:
+    """Open a file root keeps: no symlink, regular, root-owned, writable by nobody else."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise PermissionError(f"{path}: not a regular file of uid {os.geteuid()} writable only by it")
+    return fd
+
+
+def audit(path: Path, decision: Decision, when: float | None = None) -> None:
+    """Append the decision to the audit log, one JSON line (who, which job, SPEC, nodes)."""
+    entry = {
+        "time": round(time.time() if when is None else when, 3),
+        "decision": "granted" if decision.granted else "refused",
+        "reason": decision.refused or "",
+        "job_id": decision.job_id,
+        "node": decision.node,
+        "job_nodes": list(decision.nodes),
+        "spec": decision.spec,
+        **asdict(decision.facts),
+    }
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = _open_root_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(entry, sort_keys=True, ensure_ascii=True) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _node_dirs(journal_root: Path, node: str) -> list[Path]:
+    # The plugin in slurmstepd looks under the short hostname, the hooks under SLURMD_NODENAME.
+    host = socket.gethostname().split(".")[0]
+    return [journal_root / n for n in dict.fromkeys((node, host)) if n and "/" not in n]
+
+
+def grant_text(decision: Decision) -> str:
+    """The grant file: ``key=value`` lines the plugin's C reader parses (see policy.c)."""
+    f = decision.facts
+
+    def flag(value: bool | None) -> str:
+        return "" if value is None else str(int(value))
+
+    lines = {
+        "job": decision.job_id,
+        "uid": str(f.uid),
+        "user": f.user or "",
+        "account": f.account or "",
+        "partition": f.partition or "",
+        "reservation": f.reservation or "",
+        "exclusive": flag(f.exclusive),
+        "array": flag(f.array),
+        "het": flag(f.het),
+        "nodes": "" if f.nodes is None else str(f.nodes),
+        "spec": decision.spec,
+    }
+    if decision.refused:
+        lines["refused"] = decision.refused
+    text = "".join(f"{k}={' '.join(v.split())}\n" for k, v in lines.items())  # one line each
+    return text.encode()[:MAX_GRANT_BYTES].decode(errors="ignore")
+
+
+def write_grant(journal_root: Path, decision: Decision) -> list[Path]:
+    """Write the job's grant file on this node (mode 0600, atomically); returns the paths."""
+    written = []
+    for node_dir in _node_dirs(journal_root, decision.node):
+        node_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        path = node_dir / f"{decision.job_id}{GRANT_SUFFIX}"
+        tmp = node_dir / f".{decision.job_id}{GRANT_SUFFIX}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, grant_text(decision).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+def remove_grant(journal_root: Path, node: str, job_id: str) -> list[Path]:
+    """Remove the job's grant files on this node; returns those removed."""
+    removed: list[Path] = []
+    if not job_id.isdigit():
+        return removed
+    for node_dir in _node_dirs(journal_root, node):
+        path = node_dir / f"{job_id}{GRANT_SUFFIX}"
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+            removed.append(path)
+    return removed

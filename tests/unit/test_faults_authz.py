@@ -1,0 +1,261 @@
+"""The prolog's authorisation: trusted facts only, the audit log, the grant file, the hook scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from slurm_chaos.errors import SlurmError
+from slurm_chaos.faults import authz
+from slurm_chaos.faults.hooks.__main__ import main as hook_main
+from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks, unsafe_for_root
+from slurm_chaos.faults.policy import Policy, PolicyError, write_policy
+from slurm_chaos.runner import Completed, FakeRunner
+from slurm_chaos.slurm.backend import Scheduler
+from slurm_chaos.slurm.model import JobRecord
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the policy and audit files must be root's")
+
+RECORD = JobRecord(
+    job_id="42",
+    user_id=1001,
+    user="alice",
+    account="chaos",
+    partition="debug",
+    reservation="maint",
+    job_oversubscribe="NO",
+    partition_oversubscribe="NO",
+    array=False,
+    het=False,
+    num_nodes=2,
+    nodes=("node1", "node2"),
+    admin_comment="slurm-chaos=nccl-degrade:ib=off",
+)
+ENV = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node1", "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice"}
+POLICY = Policy(
+    allow_users=("alice",), allow_partitions=("debug",), allow_reservations=("maint",), max_nodes=4
+)
+
+
+class FakeScheduler:
+    """Answers job_record from a table; counts the questions."""
+
+    def __init__(self, *records: JobRecord) -> None:
+        self.records = {r.job_id: r for r in records}
+        self.asked: list[str] = []
+
+    def job_record(self, job_id: str) -> JobRecord:
+        self.asked.append(job_id)
+        if job_id not in self.records:
+            raise SlurmError(f"job {job_id}: not known to the controller")
+        return self.records[job_id]
+
+
+def scheduler(*records: JobRecord) -> Scheduler:
+    return cast(Scheduler, FakeScheduler(*records))
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    path = tmp_path / "slurm-chaos-policy.toml"
+    write_policy(path, POLICY)
+    return path
+
+
+def test_granted_from_the_admin_comment_and_the_controllers_facts(policy: Path) -> None:
+    d = authz.decide("42", "node1", ENV, scheduler(RECORD), policy)
+    assert d is not None and d.granted
+    assert d.spec == "nccl-degrade:ib=off" and d.nodes == ("node1", "node2")
+    assert (d.facts.uid, d.facts.user, d.facts.account, d.facts.exclusive, d.facts.array) == (
+        1001, "alice", "chaos", True, False,
+    )  # fmt: skip
+
+
+def test_the_jobs_own_environment_grants_nothing(policy: Path) -> None:
+    forged = {**ENV, "SPANK_SLURM_CHAOS_SPEC": "netem:rate=1M", "SLURM_CHAOS_SPEC": "netem:rate=1M"}
+    assert authz.decide("42", "node1", forged, scheduler(replace(RECORD, admin_comment="")), policy) is None
+    # An AdminComment someone else wrote (not ours) is no request either.
+    assert (
+        authz.decide("42", "node1", ENV, scheduler(replace(RECORD, admin_comment="hold: disk")), policy)
+        is None
+    )
+
+
+def test_users_the_policy_refuses_cost_slurmctld_nothing(policy: Path) -> None:
+    fake = FakeScheduler(RECORD)
+    env = {**ENV, "SLURM_JOB_UID": "1002", "SLURM_JOB_USER": "bob"}
+    assert authz.decide("42", "node1", env, cast(Scheduler, fake), policy) is None
+    assert fake.asked == []
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"job_oversubscribe": "OK"}, "does not hold its nodes exclusively"),
+        ({"partition_oversubscribe": "FORCE:4"}, "does not hold its nodes exclusively"),
+        ({"array": True}, "array jobs may not inject faults"),
+        ({"het": True}, "heterogeneous jobs"),
+        ({"partition": "gpu"}, "partition 'gpu' is not in allow_partitions"),
+        ({"reservation": ""}, "the job's reservation is not known"),
+        ({"num_nodes": 5}, "the job has 5 nodes (max_nodes 4)"),
+        ({"user_id": 0}, "slurmd says uid 1001, slurmctld says 0"),
+        ({"admin_comment": "slurm-chaos=netem:delay=fast"}, "bad chaos SPEC 'netem:delay=fast'"),
+    ],
+)
+def test_refused_with_the_reason(policy: Path, change: dict[str, object], reason: str) -> None:
+    d = authz.decide("42", "node1", ENV, scheduler(replace(RECORD, **change)), policy)  # type: ignore[arg-type]
+    assert d is not None and not d.granted
+    assert d.refused is not None and reason in d.refused
+
+
+def test_a_bad_policy_refuses_everything(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    with pytest.raises(PolicyError, match="No such file"):
+        authz.decide("42", "node1", ENV, scheduler(RECORD), path)
+    path.write_text("version = 1\nallow_users = alice\n")
+    with pytest.raises(PolicyError, match="line 2"):
+        authz.decide("42", "node1", ENV, scheduler(RECORD), path)
+
+
+def test_audit_and_grant_files(tmp_path: Path, policy: Path) -> None:
+    d = authz.decide("42", "node1", ENV, scheduler(RECORD), policy)
+    assert d is not None
+    log = tmp_path / "log" / "audit.log"
+    authz.audit(log, d, when=1.0)
+    authz.audit(log, replace(d, refused="no"), when=2.0)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["decision"], e["job_id"], e["user"], e["spec"], e["job_nodes"]) for e in lines] == [
+        ("granted", "42", "alice", "nccl-degrade:ib=off", ["node1", "node2"]),
+        ("refused", "42", "alice", "nccl-degrade:ib=off", ["node1", "node2"]),
+    ]
+    assert log.stat().st_mode & 0o777 == 0o600
+    journal = tmp_path / "journal"
+    paths = authz.write_grant(journal, d)
+    assert paths[0] == journal / "node1" / "42.grant" and paths[0].stat().st_mode & 0o777 == 0o600
+    assert "spec=nccl-degrade:ib=off\n" in paths[0].read_text()
+    assert "refused=" not in paths[0].read_text()
+    assert authz.remove_grant(journal, "node1", "42") == paths
+    # The audit log is refused when someone else could have written it.
+    os.chmod(log, 0o622)
+    with pytest.raises(PermissionError):
+        authz.audit(log, d)
+
+
+def test_escaped_spec_for_log_lines() -> None:
+    assert authz.escaped("a\nb\x1b[31m") == '"a\\nb\\u001b[31m"'
+
+
+# --------------------------------------------------------------------------------- the hook
+
+
+def _hook(tmp_path: Path, policy: Path, kind: str, env: dict[str, str], sched: Scheduler) -> int:
+    argv = [
+        kind,
+        "--journal-root", str(tmp_path / "journal"),
+        "--policy", str(policy),
+        "--audit-log", str(tmp_path / "audit.log"),
+    ]  # fmt: skip
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    return hook_main(argv, env=env, runner=runner, scheduler=sched)
+
+
+def test_prolog_grants_audits_and_epilog_removes_the_grant(
+    tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _hook(tmp_path, policy, "prolog", ENV, scheduler(RECORD)) == 0
+    err = capsys.readouterr().err
+    assert 'SPEC "nccl-degrade:ib=off" granted' in err
+    assert json.loads((tmp_path / "audit.log").read_text())["decision"] == "granted"
+    grant = tmp_path / "journal" / "node1" / "42.grant"
+    assert grant.exists()
+    assert _hook(tmp_path, policy, "epilog", ENV, scheduler(RECORD)) == 0
+    assert not grant.exists()
+
+
+def test_prolog_refuses_and_the_grant_says_why(
+    tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = replace(RECORD, job_oversubscribe="OK", admin_comment="slurm-chaos=netem:rate=1M")
+    assert _hook(tmp_path, policy, "prolog", ENV, scheduler(shared)) == 0
+    assert (
+        'SPEC "netem:rate=1M" refused: the job does not hold its nodes exclusively' in capsys.readouterr().err
+    )
+    assert "refused=the job does not hold" in (tmp_path / "journal" / "node1" / "42.grant").read_text()
+    assert not list((tmp_path / "journal" / "node1").glob("*.jsonl"))  # nothing applied, nothing journalled
+
+
+def test_prolog_never_fails_the_job(tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _hook(tmp_path, policy, "prolog", ENV, scheduler()) == 0  # slurmctld does not know the job
+    assert "no fault applied: slurmctld did not answer" in capsys.readouterr().err
+    assert _hook(tmp_path, tmp_path / "missing.toml", "prolog", ENV, scheduler(RECORD)) == 0
+    assert "every fault refused: policy" in capsys.readouterr().err
+    assert not (tmp_path / "audit.log").exists()
+
+
+def test_installed_hooks_skip_python_unless_the_policy_may_name_the_user(tmp_path: Path) -> None:
+    etc, log_file = tmp_path / "etc", tmp_path / "agent.log"
+    paths = install_hooks(etc, "/nonexistent/python", journal_root=tmp_path / "j", log_file=log_file)
+    assert [p.relative_to(etc).as_posix() for p in paths] == [
+        f"prolog.d/{HOOK_NAME}",
+        f"epilog.d/{HOOK_NAME}",
+    ]
+    text = paths[0].read_text()
+    assert "cd / ||" in text and " -I -c " in text and "PYTHONPATH" not in text and "SPANK" not in text
+    prolog = paths[0]
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURMD_NODENAME": "node1",
+        "SLURM_JOB_UID": "1001",
+        "SLURM_JOB_USER": "alice",
+    }
+
+    def run(extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [prolog], env={**env, **(extra or {})}, capture_output=True, text=True, timeout=10
+        )
+
+    # No policy: nothing can be granted, no Python runs (and a SPANK variable changes nothing).
+    quiet = run({"SPANK_SLURM_CHAOS_SPEC": "netem:rate=1M"})
+    assert quiet.returncode == 0 and quiet.stderr == "" and not log_file.exists()
+    write_policy(etc / "slurm-chaos-policy.toml", Policy(allow_users=("bob",)))
+    assert run().stderr == "" and not log_file.exists()  # alice is not named
+    # Named (or root): Python runs; a broken interpreter is logged and the hook still exits 0.
+    write_policy(etc / "slurm-chaos-policy.toml", Policy(allow_users=("alice",)))
+    broken = run()
+    assert broken.returncode == 0 and "slurm-chaos: prolog hook exited" in broken.stderr
+    assert "slurm-chaos: prolog hook exited" in log_file.read_text()
+    assert run({"SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root"}).stderr.count("hook exited") == 1
+    # The epilog runs only for a job that left a journal or a grant on this node.
+    epilog = paths[1]
+    assert subprocess.run([epilog], env=env, capture_output=True, text=True, timeout=10).stderr == ""
+    (tmp_path / "j" / "node1").mkdir(parents=True)
+    (tmp_path / "j" / "node1" / "9.grant").write_text("job=9\n")
+    done = subprocess.run([epilog], env=env, capture_output=True, text=True, timeout=10)
+    assert "slurm-chaos: epilog hook exited" in done.stderr
+    assert uninstall_hooks(etc) == paths
+
+
+def test_hooks_refuse_to_run_code_others_may_change(tmp_path: Path) -> None:
+    code = tmp_path / "checkout"
+    code.mkdir()
+    assert unsafe_for_root(code) is None or "tmp" in str(unsafe_for_root(code))
+    code.chmod(0o777)
+    assert "writable by group or others" in str(unsafe_for_root(code))
+    code.chmod(0o755)
+    os.chown(code, 1000, 1000)
+    assert "owned by uid 1000, not root" in str(unsafe_for_root(code))
+
+
+def test_grant_is_written_under_the_hostname_too(tmp_path: Path, policy: Path) -> None:
+    d = authz.decide("42", "nodeX", ENV, scheduler(RECORD), policy)
+    assert d is not None
+    host = socket.gethostname().split(".")[0]
+    written = authz.write_grant(tmp_path, d)
+    assert {p.parent.name for p in written} == {"nodeX", host}
