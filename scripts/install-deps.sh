@@ -31,7 +31,8 @@ fi
 # recommends lacks the compiler-rt runtimes (libFuzzer, ASan) that the fuzz harnesses link: take the
 # ones of the clang this release has (Debian 12: 14, Debian 13: 19).
 clang_rt="libclang-rt-dev"  # llvm-defaults: the runtimes of the release's default clang
-for alt in "libpmix2t64 libpmix2" "hwloc-nox hwloc" "slurm-wlm-mysql-plugin" "$clang_rt"; do
+# lua5.1: the interpreter of the Lua that Slurm's job_submit/lua links, to test job_submit.lua with.
+for alt in "libpmix2t64 libpmix2" "hwloc-nox hwloc" "slurm-wlm-mysql-plugin" "$clang_rt" "lua5.1"; do
   for p in $alt; do
     if apt-cache show "$p" >/dev/null 2>&1; then installed "$p" || missing+=("$p"); break; fi
   done
