@@ -179,7 +179,9 @@ while IFS='|' read -r c rc secs; do
       if [ -z "$report" ]; then
         echo "    no campaign report: the set-up failed (see $log)"; status=1
       else
-        python3 -c 'import json,sys; [print(f"    {e[\"name\"]:<24} {e[\"verdict\"]}") for e in json.load(open(sys.argv[1]))["experiments"]]' "$report"
+        python3 -c 'import json, sys
+for e in json.load(open(sys.argv[1]))["experiments"]:
+    print("    %-24s %s" % (e["name"], e["verdict"]))' "$report"
       fi ;;
     *) [ "$rc" -eq 0 ] || status=1 ;;
   esac
