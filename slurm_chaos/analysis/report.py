@@ -265,6 +265,11 @@ def _plots_html(a: ExperimentAnalysis) -> str:
 
     if a.fault is None:
         return '<p class="missing">The fault run left no probe files: nothing to plot.</p>'
+    if a.fault_series is None or len(a.fault_series.t_start) == 0:
+        return (
+            '<p class="missing">The fault run recorded no step (its ranks stopped before the first '
+            "one ended): nothing to plot.</p>"
+        )
     return (
         f'<div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
         f'<div class="row"><figure>{plots.distribution_svg(a)}</figure></div>'

@@ -300,3 +300,23 @@ def test_lost_steps_counts_repeated_steps(tmp_path: Path) -> None:
 def test_unwritable_output_is_a_clear_error(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ChaosError, match="cannot write the report"):
         report_dir(run_dir, "json", tmp_path / "no-such-dir" / "report.json")
+
+
+def test_fault_run_whose_ranks_recorded_no_step_is_reported(copy: Path) -> None:
+    """Ranks that died before their first step ended (a rack lost before training started) leave
+    rank files with no step: the campaign still writes every report, with nothing to plot there."""
+    for path in (copy / "experiments" / "cpu-hog" / "fault").glob("rank-*.h5"):
+        with h5py.File(path, "a") as f:
+            for ds in f["steps"].values():
+                ds.resize(0, axis=0)
+    table, code = report_dir(copy, "table", None)
+    assert code == 1
+    assert "cpu-hog " in table
+    report_dir(copy, "html", None)
+    page = (copy / "report.html").read_text()
+    assert "The fault run recorded no step" in page
+    assert page.count("<svg") > 0  # the other experiments keep their plots
+    data = json.loads(report_dir(copy, "json", None)[0])
+    (hog,) = (e for e in data["experiments"] if e["name"] == "cpu-hog")
+    assert hog["verdict"] != "PASSED"
+    report_dir(copy, "junit", None)
