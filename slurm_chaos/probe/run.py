@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_chaos.errors import ChaosError, UsageError
+from slurm_chaos.errors import ChaosError, DataError, UsageError
 from slurm_chaos.observe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
@@ -33,6 +33,11 @@ class Terminated(ChaosError):
     """Slurm (or someone) sent SIGTERM/SIGINT; the file is flushed and the rank stops."""
 
     exit_code = 143
+
+
+class Superseded(ChaosError):
+    """A later run of this job (a requeue) already wrote this rank's file: this rank belongs to an
+    earlier attempt, cut off from Slurm (its node lost, then back) and resuming too late."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,7 @@ def _open_writer(
     cfg: ProbeConfig, rv: Rendezvous, attrs: dict[str, Any], fresh: bool, allreduce: bool = False
 ) -> tuple[RankWriter, PreviousAttempt | None]:
     path = cfg.out / rank_file_name(rv.rank)
+    _refuse_if_superseded(path, rv)
     carried = None if fresh else carry_over(path)
     attempt = carried[0].attempts if carried else 0
     writer = RankWriter(
@@ -279,6 +285,29 @@ def _open_writer(
     if carried:
         writer.copy_previous(carried[1], carried[2])
     return writer, carried[0] if carried else None
+
+
+def _refuse_if_superseded(path: Path, rv: Rendezvous) -> None:
+    """Stop, touching nothing, where a later restart of this job already writes or wrote `path`.
+
+    A rank whose node was lost (a rack cut off from the controller) is not killed: when its node
+    comes back it carries on, after Slurm has requeued the job elsewhere. Opening its rank file then
+    would replace what the requeued run recorded.
+    """
+    from slurm_chaos.probe.reader import read_rank
+
+    if not path.exists():
+        return
+    try:
+        attrs = read_rank(path).attrs
+    except DataError:
+        return  # unreadable: an earlier attempt killed before its first flush, moved aside as usual
+    theirs = int(attrs.get("restart_count", 0))  # type: ignore[call-overload]
+    if str(attrs.get("job_id", "")) == str(rv.job_id) and theirs > rv.restart_count:
+        raise Superseded(
+            f"rank {rv.rank}: {path.name} belongs to restart {theirs} of job {rv.job_id}, this rank to "
+            f"restart {rv.restart_count}: an earlier attempt resuming late stops without touching it"
+        )
 
 
 def _run_train(

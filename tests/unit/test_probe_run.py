@@ -292,3 +292,23 @@ def test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch(tmp_path: Path
         )
         assert res.returncode == 0, res.stderr
         assert res.stdout == "done\n" and "terminate called" not in res.stderr
+
+
+def test_an_earlier_attempt_resuming_late_leaves_the_requeued_runs_files_alone(tmp_path: Path) -> None:
+    """Ranks of a lost node carry on when it comes back, after the job was requeued and rerun
+    elsewhere: they must not replace what the rerun recorded (a rack-loss verdict read them)."""
+    out = tmp_path / "out"
+    job = {"SLURM_JOB_ID": "4242"}
+    _ok(
+        run_local(
+            2, ["--steps", "12", "--out", str(out), *QUIET], extra_env={**job, "SLURM_RESTART_COUNT": "1"}
+        )
+    )
+    before = {p.name: p.read_bytes() for p in out.glob("rank-*.h5")}
+    late = run_local(
+        2, ["--steps", "12", "--out", str(out), *QUIET], extra_env={**job, "SLURM_RESTART_COUNT": "0"}
+    )
+    assert all(r.returncode == 1 for r in late), [r.stderr[-500:] for r in late]
+    assert all("belongs to restart 1 of job 4242" in r.stderr for r in late)
+    assert {p.name: p.read_bytes() for p in out.glob("rank-*.h5")} == before
+    assert [len(rk.step) for rk in read_run(out).ranks] == [12, 12]
