@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -76,11 +77,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
               "-w", str(wheel_dir), str(sdist)], cwd=work, env=env))  # fmt: skip
     (wheel,) = wheel_dir.glob("slurm_chaos-*.whl")
     venv = work / "venv"
-    # No pip of its own: the system's pip, seen through --system-site-packages, installs into it.
-    _ok(_run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)]))
+    # No pip of its own: this interpreter's pip installs into it (--python). The installed
+    # dependencies are reached through a .pth naming this environment's site directories, whether it
+    # is the system's or a venv itself (--system-site-packages would see only the base interpreter's);
+    # a directory named in a .pth has its own .pth files ignored, so no editable install leaks in.
+    _ok(_run([sys.executable, "-m", "venv", "--without-pip", str(venv)]))
     python = str(venv / "bin" / "python")
-    _ok(_run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", "--no-index",
-              str(wheel)], cwd=work, env=env))  # fmt: skip
+    purelib = _ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]))
+    purelib_dir = Path(purelib.stdout.strip())
+    (purelib_dir / "_installed_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+              "--force-reinstall", "--no-index", str(wheel)], cwd=work, env=env))  # fmt: skip
     cwd = work / "admin"
     cwd.mkdir()
     where = _ok(_run([python, "-c", "import slurm_chaos; print(slurm_chaos.__file__)"], cwd=cwd, env=env))
