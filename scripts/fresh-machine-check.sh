@@ -126,7 +126,7 @@ summary() {  # pytest's closing line of a log, if any
 
 cat >"$work/root/fresh-run.sh" <<EOF
 #!/bin/bash
-# Inside the fresh root: the machine's mounts, then the README's commands one by one.
+# Inside the fresh root (its /): the machine's mounts, then the README's commands one by one.
 set -u
 mount -t proc proc /proc
 mount -t tmpfs -o mode=755 tmpfs /run
@@ -159,8 +159,11 @@ echo "fresh-machine-check: running '$commands' in the fresh root (logs: $logs)"
 set +e
 # Signals at their defaults, as in a login shell: a background job (this script started with '&')
 # inherits SIGINT and SIGQUIT ignored, and Ctrl-C tests would then test nothing.
+# The root becomes / of a mount namespace of its own by pivot_root, not chroot: a namespace entered
+# later from inside (nsenter -m into a sandbox node) takes its namespace's root, which must be it.
 env --default-signal unshare --pid --fork --mount --propagation private --uts --ipc \
-  chroot "$work" /root/fresh-run.sh
+  /bin/bash -c 'set -e; cd "$1"; mkdir -p .oldroot; pivot_root . .oldroot; cd /
+                umount -l /.oldroot; rmdir /.oldroot; exec /root/fresh-run.sh' _ "$work"
 set -e
 cp "$work"/root/log-*.txt "$logs/" 2>/dev/null || true
 cp -r "$work"/root/slurm-chaos/runs "$logs/" 2>/dev/null || true
