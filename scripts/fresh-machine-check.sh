@@ -163,7 +163,8 @@ set +e
 # later from inside (nsenter -m into a sandbox node) takes its namespace's root, which must be it.
 env --default-signal unshare --pid --fork --mount --propagation private --uts --ipc \
   /bin/bash -c 'set -e; cd "$1"; mkdir -p .oldroot; pivot_root . .oldroot; cd /
-                umount -l /.oldroot; rmdir /.oldroot; exec /root/fresh-run.sh' _ "$work"
+                mount -t proc proc /proc; umount -l /.oldroot; rmdir /.oldroot; umount /proc
+                exec /root/fresh-run.sh' _ "$work"
 set -e
 cp "$work"/root/log-*.txt "$logs/" 2>/dev/null || true
 cp -r "$work"/root/slurm-chaos/runs "$logs/" 2>/dev/null || true
