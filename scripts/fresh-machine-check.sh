@@ -135,7 +135,8 @@ mkdir -p /run/lock
 export HOME=/root LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 $(for e in "${machine_env[@]}"; do printf 'export %q\n' "$e"; done)
 cd /root/slurm-chaos
-IFS=';' read -ra cmds <<<"$commands"
+commands=$(printf '%q' "$commands")
+IFS=';' read -ra cmds <<<"\$commands"
 for c in "\${cmds[@]}"; do
   log=/root/log-\$(echo "\$c" | tr -c 'a-z0-9\n' '-').txt
   start=\$(date +%s)
