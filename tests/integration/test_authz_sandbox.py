@@ -257,6 +257,21 @@ def batch(authz: Authz, user: str, *sbatch: str, own_conf: bool = False) -> tupl
     return res, job, out.read_text() if out.exists() else ""
 
 
+def admin_marked(authz: Authz, *sbatch: str) -> tuple[str, Path]:
+    """A held job of chaosok that an administrator gives the SPEC, released and run to its end."""
+    out_path = authz.users["chaosok"].home / f"job-{uuid.uuid4().hex[:8]}.out"
+    held = authz.as_user(
+        "chaosok", "sbatch", "--parsable", "--hold", *sbatch, "-o", str(out_path), "--wrap",
+        "tc qdisc show dev eth0",
+    )  # fmt: skip
+    assert held.ok, held.stderr
+    job = held.stdout.strip()
+    assert authz.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={SPEC}"]).ok
+    assert authz.run(["scontrol", "release", job]).ok
+    authz.wait_gone(job)
+    return job, out_path
+
+
 def assert_no_fault(authz: Authz, journals_before: set[Path], output: str = "") -> None:
     assert authz.journals() == journals_before, "a fault was journalled, so applied"
     assert "cafe:" not in output, output
@@ -307,16 +322,7 @@ def test_allowed_user_without_exclusive_nodes_gets_no_fault(authz: Authz, unchan
     assert_no_fault(authz, unchanged, out)
     # Marked by an administrator anyway: the prolog refuses it from slurmctld's facts.
     start = time.time()
-    out_path = authz.users["chaosok"].home / f"job-{uuid.uuid4().hex[:8]}.out"
-    held = authz.as_user(
-        "chaosok", "sbatch", "--parsable", "--hold", "-N1", "-n1", "-o", str(out_path), "--wrap",
-        "tc qdisc show dev eth0",
-    )  # fmt: skip
-    assert held.ok, held.stderr
-    job = held.stdout.strip()
-    assert authz.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={SPEC}"]).ok
-    assert authz.run(["scontrol", "release", job]).ok
-    authz.wait_gone(job)
+    job, out_path = admin_marked(authz, "-N1", "-n1")
     assert authz.audit(job, start) == [
         "refused: the job does not hold its nodes exclusively (require_exclusive: submit with --exclusive)"
     ]
@@ -373,14 +379,5 @@ def test_a_bad_policy_refuses_every_fault(authz: Authz, unchanged: set[Path], ba
         assert res.returncode != 0 and "policy" in res.stderr
         assert_no_fault(authz, unchanged, out)
     # Marked by an administrator: the prolog refuses it.
-    out_path = authz.users["chaosok"].home / f"job-{uuid.uuid4().hex[:8]}.out"
-    held = authz.as_user(
-        "chaosok", "sbatch", "--parsable", "--hold", "-N1", "--exclusive", "-o", str(out_path), "--wrap",
-        "tc qdisc show dev eth0",
-    )  # fmt: skip
-    assert held.ok, held.stderr
-    job = held.stdout.strip()
-    assert authz.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={SPEC}"]).ok
-    assert authz.run(["scontrol", "release", job]).ok
-    authz.wait_gone(job)
+    _, out_path = admin_marked(authz, "-N1", "--exclusive")
     assert_no_fault(authz, unchanged, out_path.read_text())
