@@ -134,8 +134,10 @@ def execute(camp: Campaign) -> tuple[str, int]:
     camp.save()
     text += f"\nreport: {camp.run_dir / 'report.html'}  (json: report.json, junit: report.xml)\n"
     if not finished:
+        # Stopped before its end (Ctrl-C or the time budget): 130 whatever the finished experiments
+        # found, so a caller never reads a partial campaign as a complete one that failed.
         text += f"partial: resume with --resume {camp.run_dir}\n"
-        return text, 130 if code == 0 else code
+        return text, 130
     return text, code
 
 
