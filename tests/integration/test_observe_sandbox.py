@@ -430,7 +430,15 @@ def test_another_users_squatting_does_not_silence_a_jobs_heartbeats(
 ) -> None:
     victim, squatter = sandbox_users["chaosok"], sandbox_users["chaosno"]
     heartbeats = monitoring.sandbox_heartbeat_dir(loop.layout)
-    src = Path(slurm_chaos.__file__).resolve().parent.parent
+    # The victim imports slurm-chaos as itself: from a copy in its home, since the checkout may sit
+    # where only root can read (a clone in /root, mode 0700, as on a fresh machine).
+    src = victim.home / "lib"
+    shutil.copytree(
+        Path(slurm_chaos.__file__).resolve().parent,
+        src / "slurm_chaos",
+        ignore=shutil.ignore_patterns("__pycache__"),
+        dirs_exist_ok=True,
+    )
     (victim.home / "victim.py").write_text(VICTIM)
     script = f"PYTHONPATH={src} {USER_PY} {victim.home / 'victim.py'} {heartbeats}\n"
     job = _user_job(loop, victim, script, "-N1", "-w", "node3", "--hold")
