@@ -191,6 +191,11 @@ for e in json.load(open(sys.argv[1]))["experiments"]:
     *) [ "$rc" -eq 0 ] || status=1 ;;
   esac
 done <"$work/root/results.txt"
-[ -s "$work/root/results.txt" ] || { echo "  nothing ran (see $logs)"; status=1; }
+# A command that never ended (the root killed, the machine out of memory) left no line: that is a failure.
+IFS=';' read -ra wanted <<<"$commands"
+ran=$(wc -l <"$work/root/results.txt" 2>/dev/null || echo 0)
+if [ "$ran" -lt "${#wanted[@]}" ]; then
+  echo "  only $ran of ${#wanted[@]} commands ended (see $logs)"; status=1
+fi
 echo "fresh-machine-check: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - t0)) s; logs in $logs"
 exit $status
