@@ -38,6 +38,7 @@ neighbouring block.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,13 +180,24 @@ def _round(value: float, digits: int = 6) -> float | None:
 # --- the test ----------------------------------------------------------------------------------
 
 
-def reassignments(pairs: int, assignment: IntArray, seed: int) -> IntArray:
-    """The assignments the test compares the recorded one with: all of them for a few pairs, else
-    the recorded one plus :data:`N_RANDOM` drawn by the schedule's coin (seeded, so reproducible)."""
+def reassignments(pairs: int, assignment: IntArray, seed: int) -> FloatArray:
+    """The assignments the test compares the recorded one with (rows, 1.0 on): all of them for a
+    few pairs, else the recorded one plus :data:`N_RANDOM` drawn by the schedule's coin (seeded,
+    so reproducible). Read-only: the last few are cached, as one run is judged several times
+    (job, ranks, and in calibration and benchmarks on the same schedule)."""
+    return _reassignments(pairs, tuple(int(a) for a in assignment), seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _reassignments(pairs: int, assignment: tuple[int, ...], seed: int) -> FloatArray:
     if pairs <= EXACT_PAIRS:
-        return all_pair_assignments(pairs)
-    drawn = random_pair_assignments(pairs, N_RANDOM, np.random.default_rng([seed, pairs]))
-    return np.vstack([assignment[None, :], drawn])
+        rows = all_pair_assignments(pairs)
+    else:
+        drawn = random_pair_assignments(pairs, N_RANDOM, np.random.default_rng([seed, pairs]))
+        rows = np.vstack([np.asarray(assignment, dtype=np.int64)[None, :], drawn])
+    out = rows.astype(np.float64)
+    out.flags.writeable = False
+    return out
 
 
 def _contrasts(values: FloatArray, z: FloatArray, on: FloatArray) -> FloatArray:
@@ -200,7 +212,7 @@ def _contrasts(values: FloatArray, z: FloatArray, on: FloatArray) -> FloatArray:
 
 
 def randomisation_test(
-    blocks: FloatArray, assignment: IntArray, draws: IntArray, alpha: float = ALPHA
+    blocks: FloatArray, assignment: IntArray, draws: FloatArray, alpha: float = ALPHA
 ) -> tuple[Randomisation, ...]:
     """Test each row of ``blocks`` (series x blocks, log scale) against the re-assignments ``draws``.
 
@@ -209,7 +221,7 @@ def randomisation_test(
     (c - a) / (1 - b) and (c + a) / (1 + b), an interval that contains c. p(t) is the share of
     intervals that contain t.
     """
-    z = draws.astype(np.float64)
+    z = np.asarray(draws, dtype=np.float64)
     on = z.sum(axis=1)
     recorded = assignment.astype(np.float64)[None, :]
     c = _contrasts(blocks, recorded, recorded.sum(axis=1))[:, 0]  # (series,)
@@ -382,6 +394,8 @@ def judge_switchback(
     index = np.arange(len(x), dtype=np.int64) if steps is None else np.asarray(steps, dtype=np.int64)
     if index.shape != x.shape:
         raise ValueError(f"steps: {index.shape[0]} step numbers for {x.shape[0]} step times")
+    if observed_state is not None and np.shape(observed_state) != x.shape:
+        raise ValueError(f"observed_state: {np.shape(observed_state)} states for {x.shape[0]} step times")
     finite = np.isfinite(x) & (x > 0)
     block = _measured_blocks(schedule, index, finite, observed_state)
     n_blocks = len(schedule.block_steps)
@@ -433,7 +447,7 @@ def _ranks(
     schedule: SwitchbackSchedule,
     pairs_ok: npt.NDArray[np.bool_],
     assignment: IntArray,
-    draws: IntArray,
+    draws: FloatArray,
     alpha: float,
 ) -> tuple[RankContrast, ...]:
     if compute is None or compute.shape[0] < 2:

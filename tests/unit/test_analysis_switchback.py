@@ -162,6 +162,16 @@ def test_steps_the_probe_saw_in_another_state_are_dropped() -> None:
     assert seen.dropped_steps - plain.dropped_steps == int(np.sum((late == DROPPED) & (states != DROPPED)))
 
 
+def test_mismatched_inputs_name_the_argument() -> None:
+    schedule = switchback_schedule(500, seed=9)
+    with pytest.raises(ValueError, match="observed_state"):
+        judge_switchback(np.full(500, 0.1), schedule, observed_state=schedule.step_states(400))
+    with pytest.raises(ValueError, match="steps"):
+        judge_switchback(np.full(500, 0.1), schedule, steps=np.arange(10))
+    with pytest.raises(ValueError, match="compute"):
+        judge_switchback(np.full(500, 0.1), schedule, compute=np.full((4, 400), 0.1))
+
+
 def test_report_fields() -> None:
     schedule = switchback_schedule(500, seed=2)
     r = judge_switchback(noisy_run(schedule, 500, np.random.default_rng(2), 0.05, 0.1), schedule)
