@@ -60,7 +60,9 @@ from slurm_chaos.analysis.schedule import (
     SwitchbackSchedule,
     all_pair_assignments,
     min_pairs,
+    placebo_of,
     random_pair_assignments,
+    switchback_schedule,
 )
 from slurm_chaos.analysis.straggler import compute_matrix
 from slurm_chaos.probe.reader import RunData
@@ -573,9 +575,30 @@ class PlaceboCalibration:
 
 
 def placebo_calibration(results: Sequence[SwitchbackResult]) -> PlaceboCalibration:
+    """False-positive rate and median MDE of unfaulted runs' judgements on placebo schedules."""
     if not results:
         raise ValueError("placebo calibration needs at least one run")
     hits = sum(r.significant for r in results)
     total = len(results)
     upper = 1.0 if hits == total else float(sps.beta.ppf(0.95, hits + 1, total - hits))
     return PlaceboCalibration(total, hits, hits / total, upper, float(np.median([r.mde for r in results])))
+
+
+def calibrate_placebo(
+    step_times: Sequence[FloatArray],
+    schedules: Sequence[SwitchbackSchedule] | None = None,
+    *,
+    seed: int = 0,
+    alpha: float = ALPHA,
+) -> PlaceboCalibration:
+    """Judge unfaulted runs on placebo schedules: their recorded ones, or, for runs recorded
+    without one, a placebo drawn per run (seed + run index) to fit its length."""
+    if schedules is not None and len(schedules) != len(step_times):
+        raise ValueError(f"schedules: {len(schedules)} for {len(step_times)} runs")
+    results = []
+    for i, x in enumerate(step_times):
+        schedule = (
+            schedules[i] if schedules is not None else switchback_schedule(len(x), seed + i, placebo=True)
+        )
+        results.append(judge_switchback(x, placebo_of(schedule), alpha=alpha))
+    return placebo_calibration(results)

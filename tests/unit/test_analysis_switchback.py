@@ -20,6 +20,7 @@ from slurm_chaos.analysis.switchback import (
     ALPHA,
     Effect,
     SwitchbackResult,
+    calibrate_placebo,
     judge_switchback,
     judge_switchback_run,
     placebo_calibration,
@@ -88,6 +89,19 @@ def test_false_positives_on_placebo_runs_stay_within_the_binomial_bound() -> Non
     assert calibration.false_positives <= sps.binom.ppf(0.995, runs, ALPHA)
     assert calibration.runs == runs
     assert 0.0 < calibration.mde_median < 0.1
+
+
+def test_calibration_on_unfaulted_runs_without_a_recorded_schedule() -> None:
+    rng = np.random.default_rng(5)
+    runs = [0.1 * np.exp(0.05 * rng.standard_normal(400)) for _ in range(50)]
+    calibration = calibrate_placebo(runs, seed=1000)
+    assert calibration.runs == 50 and calibration.false_positives <= 3
+    assert calibration.to_json()["design"] == "switchback"
+    # Their recorded schedules, if any, are used as placebos even when they were not marked so.
+    recorded = [switchback_schedule(400, seed=i) for i in range(50)]
+    assert calibrate_placebo(runs, recorded).runs == 50
+    with pytest.raises(ValueError, match="schedules"):
+        calibrate_placebo(runs, recorded[:3])
 
 
 def test_a_large_effect_is_found_every_time() -> None:
