@@ -15,7 +15,9 @@ from the series' own lag-1 autocorrelation:
   threshold: 1% by default). :func:`aa_false_positive_rate` measures how often that call fires when
   nothing changed (0.5% of 1,000 synthetic A/A pairs, see bench/bench_sensitivity.py);
 - onset: binary segmentation with Pettitt's rank statistic, its variance inflated by the
-  autocorrelation time, keeping change points whose level shift is at least ``min_effect``.
+  autocorrelation time, keeping change points whose level shift is at least ``onset_min_effect``.
+  That threshold is its own: a calibrated ``min_effect`` (raised to absorb run-to-run drift,
+  which does not exist inside one run) must not switch off finding where a fault began.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ T = TypeVar("T")
 
 ALPHA = 0.01
 MIN_EFFECT = 0.01
+ONSET_MIN_EFFECT = 0.01
 # A CI still admitting a regression this large, while the call is "not significant", is too noisy to tell.
 INCONCLUSIVE_EFFECT = 0.05
 MIN_STEPS = 20
@@ -293,11 +296,12 @@ def compare_series(
     min_effect: float = MIN_EFFECT,
     n_boot: int = N_BOOT,
     seed: int = SEED,
+    onset_min_effect: float = ONSET_MIN_EFFECT,
 ) -> Comparison:
     """Compare two job series; with a fault window only the fault run's steps inside it count."""
     base_warm = detect_warmup(base.step_time)
     b = base.step_time[base_warm:]
-    fault_warm, f, segment = _fault_selection(fault, window, base_warm, min_effect)
+    fault_warm, f, segment = _fault_selection(fault, window, base_warm, onset_min_effect)
     sb, sf = robust_stats(b), robust_stats(f)
     onset_step = None if segment is None else segment[0]
     onset_time = None
@@ -345,6 +349,7 @@ def compare_runs(
     *,
     alpha: float = ALPHA,
     min_effect: float = MIN_EFFECT,
+    onset_min_effect: float = ONSET_MIN_EFFECT,
 ) -> Comparison:
     """Compare two probe runs of the same job shape; mismatched ranks raise :class:`DataError`."""
     if base.world_size != fault.world_size:
@@ -352,7 +357,14 @@ def compare_runs(
             f"{fault.directory}: {fault.world_size} ranks, but baseline {base.directory} has "
             f"{base.world_size}; compare runs of the same job shape"
         )
-    return compare_series(job_series(base), job_series(fault), window, alpha=alpha, min_effect=min_effect)
+    return compare_series(
+        job_series(base),
+        job_series(fault),
+        window,
+        alpha=alpha,
+        min_effect=min_effect,
+        onset_min_effect=onset_min_effect,
+    )
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,11 @@ MIN_SLOWDOWN = 0.05
 MOST_STEPS = 0.75
 
 
+def compute_matrix(run: RunData) -> FloatArray:
+    """ranks x steps compute time of every rank (step time minus communication in older files)."""
+    return _compute_matrix(run, run.matrix("step_time").shape[1])
+
+
 def _compute_matrix(run: RunData, n: int) -> FloatArray:
     fields = run.ranks[0].fields
     if "compute_time" in fields and all(np.any(r.fields["compute_time"][:n] > 0) for r in run.ranks):

@@ -6,6 +6,21 @@ slows every rank or one rank inside a window of steps), then waits in the allred
 slowest rank arrives, so every rank's ``step_time`` is the job's step time and the waiting shows up
 in ``comm_time``. Files follow schema v1 (:mod:`slurm_chaos.probe.schema`).
 
+What differs between runs and drifts within one, which the A/A comparisons of two runs cannot
+tell from a fault, is modelled too (all off by default):
+
+- ``run_drift``: the whole run is slower or faster by a log-normal factor (a VM's CPU speed, the
+  nodes the job landed on, their thermal state);
+- ``rank_offset``: each rank computes at its own static speed (nodes differ);
+- slow wander within the run, shared by all ranks: an AR(1) with ``wander_phi`` close to 1
+  (``wander``: its standard deviation), a random walk (``walk``: per-step standard deviation) and
+  a sinusoid (``sine``: amplitude, ``sine_period`` steps, random phase);
+- ``schedule``: a switchback schedule (:mod:`.schedule`) decides the steps under fault instead
+  of ``fault_start_step``/``fault_end_step``; ``step_slowdown`` slows every part of the step, so
+  the job's step time rises by exactly that fraction (a known truth for the benchmarks).
+
+The extra variation is drawn from a second generator, so runs without it are what they always were.
+
 :func:`true_regression` gives the population value the analysis should recover.
 """
 
@@ -18,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from scipy import signal as sps
 
 from slurm_chaos.analysis.model import (
     Expectation,
@@ -26,6 +42,7 @@ from slurm_chaos.analysis.model import (
     ObservationLog,
     write_observations,
 )
+from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
 
 FloatArray = npt.NDArray[np.float64]
@@ -55,6 +72,15 @@ class JobModel:
     gpus: bool = False
     start_time: float = 1_700_000_000.0
     seed: int = 0
+    step_slowdown: float = 0.0  # the whole step slows by this fraction under fault
+    run_drift: float = 0.0  # standard deviation of the run's log speed factor
+    rank_offset: float = 0.0  # standard deviation of each rank's static log compute speed
+    wander: float = 0.0  # standard deviation of the slow AR(1) factor
+    wander_phi: float = 0.98
+    walk: float = 0.0  # per-step standard deviation of the random walk
+    sine: float = 0.0  # amplitude of the sinusoid
+    sine_period: float = 200.0  # steps
+    schedule: SwitchbackSchedule | None = None
 
 
 @dataclass(frozen=True)
@@ -87,9 +113,29 @@ def _shared_factor(m: JobModel, rng: np.random.Generator) -> FloatArray:
 
 
 def _fault_mask(m: JobModel) -> npt.NDArray[np.bool_]:
+    if m.schedule is not None:
+        return m.schedule.fault_active(m.steps)
     steps = np.arange(m.steps)
     end = m.steps if m.fault_end_step is None else m.fault_end_step
     return (steps >= m.fault_start_step) & (steps < end)
+
+
+def _environment(m: JobModel) -> tuple[FloatArray, FloatArray]:
+    """(per-step factor of the whole job, static compute factor per rank)."""
+    rng = np.random.default_rng([m.seed, 1])
+    run = np.exp(m.run_drift * rng.standard_normal())
+    ranks = np.exp(m.rank_offset * rng.standard_normal((m.ranks, 1)))
+    t = np.arange(m.steps)
+    slow = np.zeros(m.steps)
+    if m.wander:
+        innovation = m.wander * np.sqrt(1.0 - m.wander_phi**2) * rng.standard_normal(m.steps)
+        innovation[0] = m.wander * rng.standard_normal()  # start in the stationary law
+        slow += sps.lfilter([1.0], [1.0, -m.wander_phi], innovation)
+    if m.walk:
+        slow += np.cumsum(m.walk * rng.standard_normal(m.steps))
+    if m.sine:
+        slow += m.sine * np.sin(2.0 * np.pi * t / m.sine_period + rng.uniform(0.0, 2.0 * np.pi))
+    return np.asarray(run * np.maximum(0.05, 1.0 + slow), dtype=np.float64), ranks
 
 
 def simulate(m: JobModel) -> SyntheticRun:
@@ -105,13 +151,15 @@ def simulate(m: JobModel) -> SyntheticRun:
     if m.slow_rank is not None:
         per_rank[m.slow_rank] += m.slow_rank_factor
     slow = np.where(fault, 1.0 + m.slowdown, 1.0) * np.where(fault, per_rank, 1.0)
-    compute = m.compute_s * shared * warm * jitter * slow
-    data = m.data_s * (1.0 + 0.05 * rng.standard_normal((m.ranks, m.steps))).clip(0.1)
+    env, rank_speed = _environment(m)
+    env = env * np.where(fault, 1.0 + m.step_slowdown, 1.0)
+    compute = m.compute_s * shared * warm * jitter * slow * rank_speed * env
+    data = m.data_s * (1.0 + 0.05 * rng.standard_normal((m.ranks, m.steps))).clip(0.1) * env
     arrive = compute + data
     barrier = arrive.max(axis=0)
-    allreduce = m.allreduce_s * (1.0 + 0.02 * rng.standard_normal(m.steps)).clip(0.1)
+    allreduce = m.allreduce_s * (1.0 + 0.02 * rng.standard_normal(m.steps)).clip(0.1) * env
     comm = barrier - arrive + allreduce
-    optimizer = np.full((m.ranks, m.steps), m.optimizer_s)
+    optimizer = np.full((m.ranks, m.steps), m.optimizer_s) * env
     step_time = compute + data + comm + optimizer
     starts = m.start_time + np.concatenate([[0.0], np.cumsum(step_time[0])[:-1]])
     fields = {

@@ -67,6 +67,17 @@ def test_mid_run_fault_onset_and_window() -> None:
     assert windowed.fault.n == pytest.approx(250, abs=1)
 
 
+def test_onset_keeps_its_own_threshold_under_a_calibrated_min_effect() -> None:
+    # A noisy cluster's calibration raised min_effect to 179%; a 15% fault still has an onset.
+    fault = replace(BASE, seed=14, slowdown=0.15, fault_start_step=550, fault_end_step=800)
+    run = simulate(fault)
+    calibrated = compare_series(series(simulate(BASE)), series(run), min_effect=1.79)
+    assert calibrated.onset_step is not None and abs(calibrated.onset_step - 550) <= 3
+    assert not calibrated.significant  # the practical threshold still decides significance
+    strict = compare_series(series(simulate(BASE)), series(run), min_effect=1.79, onset_min_effect=0.5)
+    assert strict.onset_step is None
+
+
 def test_fault_segment_ends_where_the_job_recovers() -> None:
     x = simulate_job_time(replace(BASE, seed=15, slowdown=0.2, fault_start_step=300, fault_end_step=600))
     segment = detect_fault_segment(x)

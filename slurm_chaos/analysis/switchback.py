@@ -1,0 +1,604 @@
+"""A job judged on its own switchback schedule: one statistic, one test, one coherent CI.
+
+The run's fault schedule (:mod:`.schedule`) toggled the fault in on/off blocks that come in pairs,
+the order within each pair decided by a coin. Everything here follows from that design:
+
+- statistic: per block, the mean of the job's measured step times (the per-step maximum over
+  ranks) after clipping outliers to the block's median +- 3 scaled MADs, on a log scale; the
+  effect ``theta`` is the mean of the on blocks' logs minus the off blocks'.
+  ``regression = exp(theta) - 1`` is the on-off difference as a fraction of the off level
+  (0.05 = on blocks 5% slower). Clipping keeps a lone long step (a checkpoint, a GC
+  pause) from moving a block; the log makes the effect a ratio. Before the test, each pair's two
+  blocks are corrected for the drift across the pair that the slope between the neighbouring
+  pairs' levels predicts (a pair's level holds one on and one off block under any assignment, so
+  the correction does not depend on the assignment and the test stays exact);
+- test: a randomisation test over the recorded assignment. Under "the fault changes every step
+  time by the factor exp(theta0)", the blocks' logs minus ``theta0`` for the on blocks would have
+  come out the same under any assignment the schedule could have drawn; the p-value is the share of
+  those assignments (all 2^pairs of them up to 16 pairs, else 10,000 drawn by the schedule's own
+  coin plus the recorded one) whose statistic is at least as far from zero as the recorded one;
+- CI: the set of ``theta0`` that this same test does not reject at ``alpha``. For each
+  re-assignment the set where it counts against ``theta0`` is an interval around the estimate (two
+  linear roots), so the CI is an order statistic of their end points, and ``p < alpha`` exactly
+  when 0 lies outside the CI, by construction;
+- ``mde``: the smallest effect this run would detect with 80% power at its own noise, from the
+  spread of the pair differences (normal-theory approximation of the randomisation test, t with
+  pairs - 1 degrees of freedom); bench/bench_sensitivity.py checks it against simulated power;
+- effect call: significant -> SLOWDOWN or SPEEDUP; otherwise NO EFFECT only if the whole CI lies
+  inside +-``margin`` (equivalence), else INCONCLUSIVE, with the MDE in the reason;
+- stragglers: per rank and step, log(compute time) minus log(mean compute time of the other
+  ranks), so job-wide noise and drift cancel; the same block statistic, test and re-assignments,
+  and Holm across ranks. A rank is named when its adjusted p-value is below alpha and it computes
+  slower in the on blocks; ``score`` is that slowdown relative to the other ranks (fraction). A
+  rank that is slower all the time (a slower node) is not named: only the change counts.
+
+The drift between runs never enters: every comparison is inside one run, block against
+neighbouring block.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as sps
+
+from slurm_chaos.analysis.model import Comparison, Stats
+from slurm_chaos.analysis.multiplicity import holm
+from slurm_chaos.analysis.regression import robust_stats
+from slurm_chaos.analysis.schedule import (
+    DESIGN,
+    DROPPED,
+    OFF,
+    ON,
+    SwitchbackSchedule,
+    all_pair_assignments,
+    min_pairs,
+    placebo_of,
+    random_pair_assignments,
+    switchback_schedule,
+)
+from slurm_chaos.analysis.straggler import compute_matrix
+from slurm_chaos.probe.reader import RunData
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+ALPHA = 0.01
+POWER = 0.80
+CLIP = 3.0
+EQUIVALENCE_MARGIN = 0.05
+EXACT_PAIRS = 16
+N_RANDOM = 10_000
+
+
+class Effect(StrEnum):
+    SLOWDOWN = "slowdown"
+    SPEEDUP = "speedup"
+    NO_EFFECT = "no effect"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class Randomisation:
+    """The test of one series of block statistics (log scale), and its inversion."""
+
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    pair_se: float  # standard error of the estimate from the spread of the pair differences
+
+
+@dataclass(frozen=True)
+class RankContrast:
+    """One rank's change in compute time, relative to the other ranks, between on and off blocks."""
+
+    rank: int
+    host: str
+    score: float  # fraction: 0.10 = 10% slower than the others in on blocks than in off blocks
+    ci_low: float
+    ci_high: float
+    p_value: float
+    p_adjusted: float  # Holm across the job's ranks
+    significant: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "score": _round(self.score, 6)}
+
+
+@dataclass(frozen=True)
+class SwitchbackResult:
+    """The fields of the report's experiment entry, and what they rest on."""
+
+    regression: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    significant: bool
+    mde: float
+    effect: Effect
+    reason: str
+    alpha: float
+    margin: float
+    pairs: int
+    on: Stats
+    off: Stats
+    dropped_steps: int
+    placebo: bool
+    ranks: tuple[RankContrast, ...] = ()
+    design: str = DESIGN
+
+    @property
+    def stragglers(self) -> tuple[RankContrast, ...]:
+        """Ranks that compute significantly slower when the fault is on, slowest first."""
+        named = [r for r in self.ranks if r.significant and r.score > 0]
+        return tuple(sorted(named, key=lambda r: (-r.score, r.rank)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "design": self.design,
+            "regression": _round(self.regression),
+            "ci_low": _round(self.ci_low),
+            "ci_high": _round(self.ci_high),
+            "p_value": _round(self.p_value, 12),
+            "significant": self.significant,
+            "mde": _round(self.mde),
+            "effect": self.effect.value,
+            "reason": self.reason,
+            "pairs": self.pairs,
+            "placebo": self.placebo,
+            "stragglers": [r.to_json() for r in self.stragglers],
+        }
+
+    def comparison(self) -> Comparison:
+        """As a :class:`Comparison` for :func:`.verdict.judge`: off blocks as the baseline, and
+        ``inconclusive_reason`` set unless the call is significant or NO EFFECT by equivalence."""
+        return Comparison(
+            baseline=self.off,
+            fault=self.on,
+            regression=self.regression,
+            ci_low=self.ci_low,
+            ci_high=self.ci_high,
+            p_value=self.p_value,
+            significant=self.significant,
+            baseline_warmup_steps=0,
+            fault_warmup_steps=0,
+            block_steps=0,
+            inconclusive_reason=self.reason if self.effect is Effect.INCONCLUSIVE else "",
+        )
+
+
+def _round(value: float, digits: int = 6) -> float | None:
+    return round(float(value), digits) if math.isfinite(value) else None
+
+
+# --- the test ----------------------------------------------------------------------------------
+
+
+def reassignments(pairs: int, assignment: IntArray, seed: int) -> FloatArray:
+    """The assignments the test compares the recorded one with (rows, 1.0 on): all of them for a
+    few pairs, else the recorded one plus :data:`N_RANDOM` drawn by the schedule's coin (seeded,
+    so reproducible). Read-only: the last few are cached, as one run is judged several times
+    (job, ranks, and in calibration and benchmarks on the same schedule)."""
+    return _reassignments(pairs, tuple(int(a) for a in assignment), seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _reassignments(pairs: int, assignment: tuple[int, ...], seed: int) -> FloatArray:
+    if pairs <= EXACT_PAIRS:
+        rows = all_pair_assignments(pairs)
+    else:
+        drawn = random_pair_assignments(pairs, N_RANDOM, np.random.default_rng([seed, pairs]))
+        rows = np.vstack([np.asarray(assignment, dtype=np.int64)[None, :], drawn])
+    out = rows.astype(np.float64)
+    out.flags.writeable = False
+    return out
+
+
+def _contrasts(values: FloatArray, z: FloatArray, on: FloatArray) -> FloatArray:
+    """Mean of ``values`` over each assignment's on blocks minus the mean over its off blocks.
+
+    ``values`` is series x blocks, ``z`` draws x blocks (1.0 on, 0.0 off) with ``on`` blocks on
+    in each row; the result is series x draws.
+    """
+    on_sum = (z @ values.T).T
+    off_sum = values.sum(axis=1, keepdims=True) - on_sum
+    return np.asarray(on_sum / on - off_sum / (z.shape[1] - on), dtype=np.float64)
+
+
+def randomisation_test(
+    blocks: FloatArray, assignment: IntArray, draws: FloatArray, alpha: float = ALPHA
+) -> tuple[Randomisation, ...]:
+    """Test each row of ``blocks`` (series x blocks, log scale) against the re-assignments ``draws``.
+
+    For re-assignment w and hypothesised effect t, the statistic is a - t b (a = w @ x,
+    b = w @ assignment) against the recorded c - t; |a - t b| >= |c - t| holds between the roots
+    (c - a) / (1 - b) and (c + a) / (1 + b), an interval that contains c. p(t) is the share of
+    intervals that contain t.
+    """
+    z = np.asarray(draws, dtype=np.float64)
+    on = z.sum(axis=1)
+    recorded = assignment.astype(np.float64)[None, :]
+    c = _contrasts(blocks, recorded, recorded.sum(axis=1))[:, 0]  # (series,)
+    a = _contrasts(blocks, z, on)  # (series, draws)
+    b = _contrasts(recorded, z, on)[0]  # (draws,)
+    whole = np.abs(np.abs(b) - 1.0) < 1e-9  # the recorded assignment or its mirror: always as extreme
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r1 = (c[:, None] - a) / (1.0 - b)
+        r2 = (c[:, None] + a) / (1.0 + b)
+    low = np.where(whole, -np.inf, np.minimum(np.minimum(r1, r2), c[:, None]))
+    high = np.where(whole, np.inf, np.maximum(np.maximum(r1, r2), c[:, None]))
+    n = draws.shape[0]
+    k = _needed(alpha, n)
+    low_sorted, high_sorted = np.sort(low, axis=1), np.sort(high, axis=1)
+    covering = np.sum((low <= 0.0) & (high >= 0.0), axis=1)
+    se = _pair_se(blocks, assignment)
+    return tuple(
+        Randomisation(
+            estimate=float(c[i]),
+            ci_low=float(low_sorted[i, k - 1]),
+            ci_high=float(high_sorted[i, n - k]),
+            p_value=float(covering[i] / n),
+            pair_se=float(se[i]),
+        )
+        for i in range(blocks.shape[0])
+    )
+
+
+def _needed(alpha: float, n: int) -> int:
+    """Fewest covering intervals with count / n >= alpha (the same comparison p < alpha makes)."""
+    k = max(1, math.ceil(alpha * n))
+    while k > 1 and (k - 1) / n >= alpha:
+        k -= 1
+    while k < n and k / n < alpha:
+        k += 1
+    return k
+
+
+def _pair_se(blocks: FloatArray, assignment: IntArray) -> FloatArray:
+    sign = np.where(assignment[0::2] == ON, 1.0, -1.0)
+    d = (blocks[:, 0::2] - blocks[:, 1::2]) * sign  # on minus off, per pair
+    pairs = d.shape[1]
+    if pairs < 2:
+        return np.full(blocks.shape[0], np.inf)
+    return np.asarray(d.std(axis=1, ddof=1) / math.sqrt(pairs), dtype=np.float64)
+
+
+def minimum_detectable(pair_se: float, pairs: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest slowdown (fraction) detected with ``power`` at this standard error."""
+    if pairs < max(2, min_pairs(alpha)) or not math.isfinite(pair_se):
+        return math.inf
+    df = pairs - 1
+    return math.expm1((float(sps.t.ppf(1.0 - alpha / 2.0, df)) + float(sps.t.ppf(power, df))) * pair_se)
+
+
+# --- block statistics --------------------------------------------------------------------------
+
+
+def _block_stats(values: FloatArray, block: IntArray, blocks: int) -> FloatArray:
+    """Robust mean of each block's values (series x steps -> series x blocks); NaN when empty.
+
+    Values further than ``CLIP`` scaled MADs from the block's median are clipped to that bound
+    first: a lone long step weighs like a moderately long one, and with normal noise almost
+    nothing is clipped, so short blocks keep the mean's efficiency (a trimmed mean of ten steps
+    would throw away a fifth of them).
+    """
+    series = values.shape[0]
+    steps = np.flatnonzero(block >= 0)
+    owner = block[steps]
+    counts = np.bincount(owner, minlength=blocks)
+    out = np.full((series, blocks), np.nan)
+    if len(steps) == 0:
+        return out
+    # One padded grid, series x blocks x longest block, so every block is done at once.
+    order = np.argsort(owner, kind="stable")
+    steps, owner = steps[order], owner[order]
+    position = np.arange(len(steps)) - np.repeat(np.cumsum(counts) - counts, counts)
+    grid = np.full((series, blocks, int(counts.max())), np.inf)
+    grid[:, owner, position] = values[:, steps]
+    inside = np.arange(grid.shape[2]) < counts[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty blocks: inf - inf, 0 / 0
+        median = _padded_median(grid, counts)
+        spread = CLIP * 1.4826 * _padded_median(np.abs(grid - median[..., None]), counts)
+        clipped = np.clip(grid, (median - spread)[..., None], (median + spread)[..., None])
+        out = np.where(inside, clipped, 0.0).sum(axis=2) / counts
+    return np.where(counts > 0, out, np.nan)
+
+
+def _padded_median(grid: FloatArray, counts: IntArray) -> FloatArray:
+    """Median over the last axis of the first ``counts[block]`` entries (the rest is +inf)."""
+    ordered = np.sort(grid, axis=2)
+    low = np.maximum(counts - 1, 0) // 2
+    high = np.maximum(counts - 1, 0) - low
+    blocks = np.arange(grid.shape[1])
+    return np.asarray(0.5 * (ordered[:, blocks, low] + ordered[:, blocks, high]), dtype=np.float64)
+
+
+def _measured_blocks(
+    schedule: SwitchbackSchedule, steps: IntArray, finite: npt.NDArray[np.bool_], observed: IntArray | None
+) -> IntArray:
+    """Block index of each measured step, -1 for steps that do not count."""
+    states = schedule.step_states(steps)
+    block = schedule.block_of(steps)
+    keep = (states != DROPPED) & finite
+    if observed is not None:
+        # The probe's record of what the agent acknowledged: a step it saw in another state (a late
+        # toggle) or in transition does not count.
+        keep &= observed == states
+    return np.where(keep, block, -1)
+
+
+def _remove_local_trend(
+    stats: FloatArray, schedule: SwitchbackSchedule, pairs: npt.NDArray[np.bool_]
+) -> FloatArray:
+    """Block statistics (series x kept blocks) less the drift within each pair that the
+    neighbouring pairs' levels predict.
+
+    A pair's level (the mean of its two blocks) holds one on and one off block whatever the
+    assignment, so under every hypothesised effect it moves by the same amount for all pairs and
+    the slope between pairs does not depend on the assignment: subtracting it keeps the
+    randomisation test exact, and a steady drift no longer adds to the pair differences.
+    """
+    level = 0.5 * (stats[:, 0::2] + stats[:, 1::2])
+    if level.shape[1] < 2:
+        return stats
+    starts = np.asarray(schedule.block_starts, dtype=np.float64)[0::2][pairs]
+    length = np.asarray(schedule.block_steps, dtype=np.float64)[0::2][pairs]
+    slope = np.gradient(level, starts + length, axis=1)
+    drift = slope * length  # from the centre of the first block to the centre of the second
+    out = stats.copy()
+    out[:, 0::2] += 0.5 * drift
+    out[:, 1::2] -= 0.5 * drift
+    return out
+
+
+def _complete_pairs(stats: FloatArray) -> npt.NDArray[np.bool_]:
+    ok = np.asarray(np.isfinite(stats).all(axis=0), dtype=np.bool_)
+    return np.asarray(ok[0::2] & ok[1::2], dtype=np.bool_)
+
+
+def _rank_contrast(compute: FloatArray) -> FloatArray:
+    """log(rank's compute time) - log(mean of the other ranks'), per rank and step."""
+    n = compute.shape[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        others = (compute.sum(axis=0, keepdims=True) - compute) / (n - 1)
+        return np.asarray(np.log(compute) - np.log(others), dtype=np.float64)
+
+
+# --- judging a run -----------------------------------------------------------------------------
+
+
+def judge_switchback(
+    step_time: FloatArray,
+    schedule: SwitchbackSchedule,
+    *,
+    compute: FloatArray | None = None,
+    hosts: Sequence[str] = (),
+    steps: IntArray | None = None,
+    observed_state: IntArray | None = None,
+    alpha: float = ALPHA,
+    margin: float = EQUIVALENCE_MARGIN,
+) -> SwitchbackResult:
+    """Judge a run on its own schedule.
+
+    ``step_time`` is the job's per-step time; ``compute`` (ranks x steps) the ranks' compute times
+    for the straggler contrast, ``hosts`` their hosts; ``steps`` the step numbers of the columns
+    (default 0, 1, ...); ``observed_state`` the probe's per-step fault state, if recorded.
+    """
+    x = np.asarray(step_time, dtype=np.float64)
+    index = np.arange(len(x), dtype=np.int64) if steps is None else np.asarray(steps, dtype=np.int64)
+    if index.shape != x.shape:
+        raise ValueError(f"steps: {index.shape[0]} step numbers for {x.shape[0]} step times")
+    if observed_state is not None and np.shape(observed_state) != x.shape:
+        raise ValueError(f"observed_state: {np.shape(observed_state)} states for {x.shape[0]} step times")
+    finite = np.isfinite(x) & (x > 0)
+    block = _measured_blocks(schedule, index, finite, observed_state)
+    n_blocks = len(schedule.block_steps)
+    job = np.log(_block_stats(np.where(finite, x, np.nan)[None, :], block, n_blocks))
+    pairs_ok = _complete_pairs(job)
+    keep_blocks = np.repeat(pairs_ok, 2)
+    assignment = np.asarray(schedule.assignment, dtype=np.int64)[keep_blocks]
+    pairs = int(pairs_ok.sum())
+    states = schedule.step_states(index)
+    measured = block >= 0
+    on = robust_stats(x[measured & (states == ON)])
+    off = robust_stats(x[measured & (states == OFF)])
+    dropped = int(len(x) - measured.sum())
+    if pairs < 2:
+        return _untestable(schedule, pairs, on, off, dropped, alpha, margin)
+    draws = reassignments(pairs, assignment, schedule.seed)
+    job = _remove_local_trend(job[:, keep_blocks], schedule, pairs_ok)
+    test = randomisation_test(job, assignment, draws, alpha)[0]
+    mde = minimum_detectable(test.pair_se, pairs, alpha)
+    ranks = _ranks(compute, hosts, index, block, schedule, pairs_ok, assignment, draws, alpha)
+    regression, low, high = math.expm1(test.estimate), math.expm1(test.ci_low), math.expm1(test.ci_high)
+    significant = test.p_value < alpha
+    effect, reason = _call(regression, low, high, significant, mde, pairs, alpha, margin)
+    return SwitchbackResult(
+        regression=regression,
+        ci_low=low,
+        ci_high=high,
+        p_value=test.p_value,
+        significant=significant,
+        mde=mde,
+        effect=effect,
+        reason=reason,
+        alpha=alpha,
+        margin=margin,
+        pairs=pairs,
+        on=on,
+        off=off,
+        dropped_steps=dropped,
+        placebo=schedule.placebo,
+        ranks=ranks,
+    )
+
+
+def _ranks(
+    compute: FloatArray | None,
+    hosts: Sequence[str],
+    index: IntArray,
+    block: IntArray,
+    schedule: SwitchbackSchedule,
+    pairs_ok: npt.NDArray[np.bool_],
+    assignment: IntArray,
+    draws: FloatArray,
+    alpha: float,
+) -> tuple[RankContrast, ...]:
+    if compute is None or compute.shape[0] < 2:
+        return ()
+    if compute.shape[1] != len(index):
+        raise ValueError(f"compute: {compute.shape[1]} steps, but the job series has {len(index)}")
+    contrast = _rank_contrast(np.asarray(compute, dtype=np.float64))
+    usable = np.isfinite(contrast).all(axis=0)
+    stats = _block_stats(contrast, np.where(usable, block, -1), len(schedule.block_steps))
+    stats = stats[:, np.repeat(pairs_ok, 2)]
+    if not np.isfinite(stats).all():
+        return ()
+    tests = randomisation_test(_remove_local_trend(stats, schedule, pairs_ok), assignment, draws, alpha)
+    adjusted = holm([t.p_value for t in tests])
+    return tuple(
+        RankContrast(
+            rank=r,
+            host=hosts[r] if r < len(hosts) else "",
+            score=math.expm1(t.estimate),
+            ci_low=math.expm1(t.ci_low),
+            ci_high=math.expm1(t.ci_high),
+            p_value=t.p_value,
+            p_adjusted=adjusted[r],
+            significant=adjusted[r] < alpha,
+        )
+        for r, t in enumerate(tests)
+    )
+
+
+def _call(
+    regression: float,
+    low: float,
+    high: float,
+    significant: bool,
+    mde: float,
+    pairs: int,
+    alpha: float,
+    margin: float,
+) -> tuple[Effect, str]:
+    level = f"{100 * (1 - alpha):.0f}%"
+    ci = f"{level} CI [{100 * low:+.1f}%, {100 * high:+.1f}%]"
+    if significant:
+        return (Effect.SLOWDOWN if regression > 0 else Effect.SPEEDUP), ""
+    if -margin < low and high < margin:
+        return Effect.NO_EFFECT, f"{ci} lies inside +-{100 * margin:.1f}%"
+    if pairs < min_pairs(alpha):
+        return Effect.INCONCLUSIVE, (
+            f"only {pairs} on/off pairs: a randomisation test needs {min_pairs(alpha)} to reach p < {alpha}"
+        )
+    return Effect.INCONCLUSIVE, (
+        f"not significant, and the {ci} admits changes beyond +-{100 * margin:.1f}%; "
+        f"this run detects {100 * mde:.1f}% or more (80% power)"
+    )
+
+
+def _untestable(
+    schedule: SwitchbackSchedule, pairs: int, on: Stats, off: Stats, dropped: int, alpha: float, margin: float
+) -> SwitchbackResult:
+    return SwitchbackResult(
+        regression=math.nan,
+        ci_low=-math.inf,
+        ci_high=math.inf,
+        p_value=1.0,
+        significant=False,
+        mde=math.inf,
+        effect=Effect.INCONCLUSIVE,
+        reason=f"only {pairs} complete on/off pairs measured (need {min_pairs(alpha)})",
+        alpha=alpha,
+        margin=margin,
+        pairs=pairs,
+        on=on,
+        off=off,
+        dropped_steps=dropped,
+        placebo=schedule.placebo,
+    )
+
+
+def judge_switchback_run(
+    run: RunData,
+    schedule: SwitchbackSchedule,
+    *,
+    observed_state: IntArray | None = None,
+    alpha: float = ALPHA,
+    margin: float = EQUIVALENCE_MARGIN,
+) -> SwitchbackResult:
+    """:func:`judge_switchback` on a probe run: the job's step time is the slowest rank's."""
+    step_time = run.matrix("step_time")
+    n = step_time.shape[1]
+    return judge_switchback(
+        step_time.max(axis=0),
+        schedule,
+        compute=compute_matrix(run)[:, :n],
+        hosts=run.hosts,
+        steps=np.asarray(run.ranks[0].step[:n], dtype=np.int64),
+        observed_state=None if observed_state is None else observed_state[:n],
+        alpha=alpha,
+        margin=margin,
+    )
+
+
+# --- placebo calibration -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlaceboCalibration:
+    """Unfaulted runs judged on placebo schedules: every significant call is a false positive."""
+
+    runs: int
+    false_positives: int
+    rate: float
+    upper_95: float  # one-sided Clopper-Pearson bound on the true rate
+    mde_median: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "design": DESIGN,
+            "runs": self.runs,
+            "false_positives": self.false_positives,
+            "false_positive_rate": round(self.rate, 6),
+            "false_positive_rate_upper_95": round(self.upper_95, 6),
+            "mde_median": _round(self.mde_median),
+        }
+
+
+def placebo_calibration(results: Sequence[SwitchbackResult]) -> PlaceboCalibration:
+    """False-positive rate and median MDE of unfaulted runs' judgements on placebo schedules."""
+    if not results:
+        raise ValueError("placebo calibration needs at least one run")
+    hits = sum(r.significant for r in results)
+    total = len(results)
+    upper = 1.0 if hits == total else float(sps.beta.ppf(0.95, hits + 1, total - hits))
+    return PlaceboCalibration(total, hits, hits / total, upper, float(np.median([r.mde for r in results])))
+
+
+def calibrate_placebo(
+    step_times: Sequence[FloatArray],
+    schedules: Sequence[SwitchbackSchedule] | None = None,
+    *,
+    seed: int = 0,
+    alpha: float = ALPHA,
+) -> PlaceboCalibration:
+    """Judge unfaulted runs on placebo schedules: their recorded ones, or, for runs recorded
+    without one, a placebo drawn per run (seed + run index) to fit its length."""
+    if schedules is not None and len(schedules) != len(step_times):
+        raise ValueError(f"schedules: {len(schedules)} for {len(step_times)} runs")
+    results = []
+    for i, x in enumerate(step_times):
+        schedule = (
+            schedules[i] if schedules is not None else switchback_schedule(len(x), seed + i, placebo=True)
+        )
+        results.append(judge_switchback(x, placebo_of(schedule), alpha=alpha))
+    return placebo_calibration(results)
