@@ -38,6 +38,7 @@ from slurm_chaos.errors import UsageError
 from slurm_chaos.faults.install_hooks import HOOK_NAME, SYSTEM_PATH, site_audit_log, site_journal_root
 from slurm_chaos.faults.plugin_install import (
     JOB_SUBMIT_LUA,
+    LUA_MARK,
     OWN_LUA,
     PLUGIN_FILE,
     render_job_submit,
@@ -332,17 +333,19 @@ def walk(files: NodeFiles, path: str) -> Chain:
     return Chain(tuple(entries), None, cur)
 
 
-def chain_problem(chain: Chain) -> tuple[str, str] | None:
-    """(what is wrong, the fix) for the first entry root could not trust, or None."""
+def chain_problem(chain: Chain, path: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for the first entry root could not trust, or None. The path itself
+    is not named in the reason; a directory or link above it is."""
     last = chain.entries[-1][0] if chain.entries else "/"
     for p, e in chain.entries:
+        who = "" if p == path else f"{p} is "
         if e.uid != 0:
-            return f"{p} is owned by uid {e.uid}, not root", _ROOT_FIX.format(p=p)
+            return f"{who}owned by uid {e.uid}, not root", _ROOT_FIX.format(p=p)
         if e.is_link or (e.sticky and p != last):
             continue
         if e.mode & 0o022:
-            who = "others" if e.mode & 0o002 else f"group {e.gid}"
-            return f"{p} is writable by {who} (mode {e.mode & 0o7777:o})", _ROOT_FIX.format(p=p)
+            by = "others" if e.mode & 0o002 else f"group {e.gid}"
+            return f"{who}writable by {by} (mode {e.mode & 0o7777:o})", _ROOT_FIX.format(p=p)
     return None
 
 
@@ -351,7 +354,7 @@ def check_root_path(
 ) -> tuple[Finding, Chain]:
     """Is `path` root's all the way up? `optional`: why a missing path is fine (its parent is judged)."""
     chain = walk(files, path)
-    bad = chain_problem(chain)
+    bad = chain_problem(chain, path)
     if bad:
         return Finding(host, item, Status.UNSAFE, path, bad[0], bad[1]), chain
     if chain.missing:
@@ -428,9 +431,9 @@ def settings_findings(exp: Expected) -> list[Finding]:
     checks = [
         (
             "PrologFlags",
-            {"alloc", "contain"} <= flags,
+            "contain" in flags,  # Slurm sets Alloc with Contain
             f"PrologFlags={','.join(c.prolog_flags) or '(none)'}: needs Alloc (the prolog decides "
-            "before any step) and Contain (every job has its cgroup from the start)",
+            "before any step) and Contain (every job has its cgroup from the start; implies Alloc)",
             f"set PrologFlags=Alloc,Contain (keeping any other flags) {restart}",
         ),
         (
@@ -507,51 +510,34 @@ def slurm_conf_findings(files: NodeFiles, host: str, exp: Expected) -> list[Find
 
 
 def job_submit_findings(files: NodeFiles, exp: Expected) -> list[Finding]:
-    """Our job_submit.lua beside slurm.conf, root's, exactly what install renders."""
+    """Our job_submit.lua beside slurm.conf, root's, exactly what install renders; or the site's
+    own (root's too: slurmctld runs it) calling ours under OWN_LUA."""
     etc = str(Path(exp.slurm_conf).parent)
-    lua = os.path.join(etc, JOB_SUBMIT_LUA)
+    lua, own = os.path.join(etc, JOB_SUBMIT_LUA), os.path.join(etc, OWN_LUA)
+    fix = f"run {exp.reinstall} on the controller"
     text = files.read(lua)
-    ours = render_job_submit(Path(exp.policy))
     out: list[Finding] = []
-    if (
-        text is not None
-        and text != ours
-        and os.path.join(etc, OWN_LUA) not in text
-        and "slurm-chaos" not in text
-    ):
-        own = os.path.join(etc, OWN_LUA)
-        out.append(
-            Finding(
-                CONTROLLER,
-                "job_submit.lua calls ours",
-                Status.UNSAFE,
-                lua,
-                f"the site's own script does not load {own}: --chaos is not refused at submission",
-                f"dofile('{own}') at its top and call its slurm_job_submit from yours",
-            )
-        )
-        lua, text = own, files.read(own)
-    found, _ = check_root_path(
-        files, CONTROLLER, "job_submit.lua", lua, f"run {exp.reinstall} on the controller"
-    )
+    if text is not None and LUA_MARK not in text:
+        found, _ = check_root_path(files, CONTROLLER, "site's job_submit.lua", lua, fix)
+        out.append(found)
+        if own not in text:
+            detail = f"the site's own script does not load {own}: --chaos is not refused at submission"
+            calls = f"dofile('{own}') at its top and call its slurm_job_submit from yours"
+            out.append(Finding(CONTROLLER, "job_submit.lua calls ours", Status.UNSAFE, lua, detail, calls))
+        lua = own
+    found, _ = check_root_path(files, CONTROLLER, "job_submit.lua", lua, fix)
     out.append(found)
-    if found.status is Status.OK:
-        if text == ours:
-            out.append(
-                Finding(CONTROLLER, "job_submit.lua content", Status.OK, lua, "as plugin install renders it")
-            )
-        else:
-            out.append(
-                Finding(
-                    CONTROLLER,
-                    "job_submit.lua content",
-                    Status.UNSAFE,
-                    lua,
-                    f"differs from what plugin install renders for policy {exp.policy} "
-                    "(edited, or an older version)",
-                    f"run {exp.reinstall} on the controller",
-                )
-            )
+    if found.status is not Status.OK:
+        return out
+    if files.read(lua) == render_job_submit(Path(exp.policy)):
+        out.append(
+            Finding(CONTROLLER, "job_submit.lua content", Status.OK, lua, "as plugin install renders it")
+        )
+    else:
+        detail = (
+            f"differs from what plugin install renders for policy {exp.policy} (edited, or an older version)"
+        )
+        out.append(Finding(CONTROLLER, "job_submit.lua content", Status.UNSAFE, lua, detail, fix))
     return out
 
 
@@ -832,6 +818,10 @@ def hooks_findings(files: NodeFiles, host: str, exp: Expected) -> list[Finding]:
     health = os.path.join(exp.hooks_dir, "healthcheck.d", HEALTHCHECK_HOOK)
     if files.lstat([health]):
         out += hook_findings(files, host, "health check hook", health, exp)
+        if exp.config.health_check_program:  # optional: slurmd runs it as root when set
+            fix = _ROOT_FIX.format(p=exp.config.health_check_program)
+            item = "slurm.conf HealthCheckProgram"
+            out.append(check_root_path(files, host, item, exp.config.health_check_program, fix)[0])
     return out
 
 
@@ -844,8 +834,12 @@ def directory_findings(files: NodeFiles, host: str, exp: Expected) -> list[Findi
         ("audit log directory", str(Path(exp.audit_log).parent), "", later),
         ("agent log directory", str(Path(exp.agent_log).parent), "", later),
     ]
-    if exp.heartbeat_dir:
-        dirs.append(("heartbeat directory", exp.heartbeat_dir, "", later))
+    heartbeat_dirs = [exp.heartbeat_dir] if exp.heartbeat_dir else []
+    if exp.hooks_dir:  # where the heartbeat hook makes each job's directory, if it differs
+        hook = files.read(os.path.join(exp.hooks_dir, "prolog.d", HEARTBEAT_HOOK)) or ""
+        heartbeat_dirs.append(hook_options(hook).get("--dir", ""))
+    for path in dict.fromkeys(d for d in heartbeat_dirs if d):
+        dirs.append(("heartbeat directory", path, "", later))
     for item, path, fix, optional in dirs:
         out.append(
             check_root_path(files, host, item, path, fix, optional.format(parent=os.path.dirname(path)))[0]
