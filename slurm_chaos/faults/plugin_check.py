@@ -288,7 +288,6 @@ class Chain:
 
     entries: tuple[tuple[str, Entry], ...]
     missing: str | None  # the first component that does not exist
-    real: str  # the path with symlinks resolved, as far as it exists
 
 
 def _prefixes(path: str) -> list[str]:
@@ -304,7 +303,7 @@ def walk(files: NodeFiles, path: str) -> Chain:
     entries: list[tuple[str, Entry]] = []
     root = files.lstat(["/"]).get("/")
     if root is None:
-        return Chain((), "/", "/")
+        return Chain((), "/")
     entries.append(("/", root))
     hops = 0
     while todo:
@@ -317,7 +316,7 @@ def walk(files: NodeFiles, path: str) -> Chain:
         p = os.path.join(cur, part)
         entry = files.lstat([p]).get(p)
         if entry is None:
-            return Chain(tuple(entries), p, p)
+            return Chain(tuple(entries), p)
         entries.append((p, entry))
         if not entry.is_link:
             cur = p
@@ -325,12 +324,12 @@ def walk(files: NodeFiles, path: str) -> Chain:
         hops += 1
         target = files.readlink(p)
         if target is None or hops > MAX_LINKS:
-            return Chain(tuple(entries), p, p)
+            return Chain(tuple(entries), p)
         if target.startswith("/"):
             cur = "/"
         todo = list(PurePosixPath(target).parts[1 if target.startswith("/") else 0 :]) + todo
         files.lstat(_prefixes(os.path.normpath(os.path.join(cur, target))))
-    return Chain(tuple(entries), None, cur)
+    return Chain(tuple(entries), None)
 
 
 def chain_problem(chain: Chain, path: str) -> tuple[str, str] | None:
@@ -353,6 +352,8 @@ def check_root_path(
     files: NodeFiles, host: str, item: str, path: str, missing_fix: str, optional: str = ""
 ) -> tuple[Finding, Chain]:
     """Is `path` root's all the way up? `optional`: why a missing path is fine (its parent is judged)."""
+    if not path.startswith("/"):
+        return Finding(host, item, Status.UNSAFE, path, "not an absolute path", missing_fix), Chain((), path)
     chain = walk(files, path)
     bad = chain_problem(chain, path)
     if bad:
