@@ -425,3 +425,30 @@ def test_a_hook_pointing_at_another_policy_or_journal_is_unsafe(inst: Install) -
     hook.write_text(hook.read_text().replace(inst.exp.policy, "/home/alice/policy.toml"))
     f = inst.problems()[("node1", "prolog hook content")]
     assert f"--policy /home/alice/policy.toml, expected {inst.exp.policy}" in f.detail
+
+
+def test_check_site_reads_slurm_settings_from_scontrol_and_each_node_through_srun() -> None:
+    """A real site (no sandbox): slurmctld's settings through the scheduler, a node through srun
+    in the site's partition and reservation; a node srun cannot reach is MISSING, not skipped."""
+    config = (DATA / "slurm-22.05" / "scontrol_show_config.txt").read_text()
+
+    def answer(argv: tuple[str, ...]) -> Completed:
+        if argv[:3] == ("scontrol", "show", "config"):
+            return Completed(argv, 0, config, "")
+        if "--nodelist=n02" in argv:
+            return Completed(argv, 1, "", "srun: error: Unable to allocate resources: Invalid node name")
+        if argv[-5:] == ("stat", "-c", "%u", "--", "/"):
+            return Completed(argv, 0, "0\n", "")  # n01 is reachable, and has none of the files
+        return Completed(argv, 1, "", "")
+
+    runner = FakeRunner(answer)
+    report = pc.check_site(DATA / "sites" / "golden.yaml", ["n01", "n02"], runner)
+    assert report.exit_code == 1
+    bad = {(f.host, f.item): f for f in report.problems()}
+    assert "Contain" in bad[("controller", "slurm.conf PrologFlags")].detail  # PrologFlags=Alloc there
+    assert "proctrack/linuxproc" in bad[("controller", "slurm.conf ProctrackType")].detail
+    assert bad[("n02", "node reachable")].detail.endswith("Invalid node name")
+    assert bad[("n01", "policy file")].status is pc.Status.MISSING
+    assert bad[("n01", "policy file")].path == "/etc/slurm/slurm-chaos-policy.toml"
+    srun = [c for c in runner.calls if c[0] == "srun" and "--nodelist=n01" in c]
+    assert srun and all("--partition=batch" in c and "--reservation=maint" in c for c in srun)
