@@ -35,7 +35,13 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from slurm_chaos.errors import UsageError
-from slurm_chaos.faults.install_hooks import HOOK_NAME, SYSTEM_PATH, site_audit_log, site_journal_root
+from slurm_chaos.faults.install_hooks import (
+    HOOK_NAME,
+    SYSTEM_PATH,
+    site_agent_log,
+    site_audit_log,
+    site_journal_root,
+)
 from slurm_chaos.faults.plugin_install import (
     JOB_SUBMIT_LUA,
     LUA_MARK,
@@ -391,18 +397,13 @@ class Expected:
 
 
 def expected(site: Site, config: ClusterConfig) -> Expected:
-    from slurm_chaos.faults.install_hooks import DEFAULT_LOG
+    """Where `plugin install` put each part for this site; Slurm's own word for slurm.conf and
+    plugstack.conf (what slurmctld and slurmstepd really read)."""
     from slurm_chaos.observe.healthcheck import site_options
 
     conf = config.slurm_conf or site.slurm.conf or str(slurm_etc(site) / "slurm.conf")
     plugstack = (
         config.plugstack_conf or site.slurm.plugstack_conf or str(Path(conf).parent / "plugstack.conf")
-    )
-    hooks_dir = site.slurm.hooks_dir
-    agent_log = (
-        Path(hooks_dir).parent / "log" / "slurm-chaos-agent.log"
-        if site.sandbox and hooks_dir
-        else DEFAULT_LOG
     )
     heartbeats = site_options(site).heartbeat_dir
     return Expected(
@@ -410,10 +411,10 @@ def expected(site: Site, config: ClusterConfig) -> Expected:
         slurm_conf=conf,
         policy=str(site_policy_path(site)),
         plugstack=plugstack,
-        hooks_dir=hooks_dir,
+        hooks_dir=site.slurm.hooks_dir,
         journal_root=str(site_journal_root(site)),
         audit_log=str(site_audit_log(site)),
-        agent_log=str(agent_log),
+        agent_log=str(site_agent_log(site)),
         heartbeat_dir=str(heartbeats) if heartbeats else None,
         site_path=str(site.path),
     )
@@ -428,46 +429,44 @@ def settings_findings(exp: Expected) -> list[Finding]:
     """The Slurm settings the trust model rests on, as slurmctld reports them."""
     c, conf = exp.config, exp.slurm_conf
     restart = _RESTART.format(conf=conf)
-    flags = {f.lower() for f in c.prolog_flags}
-    checks = [
-        (
-            "PrologFlags",
-            "contain" in flags,  # Slurm sets Alloc with Contain
-            f"PrologFlags={','.join(c.prolog_flags) or '(none)'}: needs Alloc (the prolog decides "
-            "before any step) and Contain (every job has its cgroup from the start; implies Alloc)",
+    values = {
+        "PrologFlags": ",".join(c.prolog_flags),
+        "ProctrackType": c.proctrack_type,
+        "TaskPlugin": ",".join(c.task_plugin),
+        "JobSubmitPlugins": ",".join(c.job_submit_plugins),
+    }
+    checks = {  # key: (is it safe, why not, the fix)
+        "PrologFlags": (
+            "contain" in {f.lower() for f in c.prolog_flags},  # Slurm sets Alloc with Contain
+            "needs Alloc (the prolog decides before any step) and Contain (every job has its cgroup "
+            "from the start; implies Alloc)",
             f"set PrologFlags=Alloc,Contain (keeping any other flags) {restart}",
         ),
-        (
-            "ProctrackType",
+        "ProctrackType": (
             c.proctrack_type == "proctrack/cgroup",
-            f"ProctrackType={c.proctrack_type or '(none)'}: a job's processes are tracked, and faults "
-            "contained, only with proctrack/cgroup",
+            "a job's processes are tracked, and faults contained, only with proctrack/cgroup",
             f"set ProctrackType=proctrack/cgroup {restart}",
         ),
-        (
-            "TaskPlugin",
+        "TaskPlugin": (
             "task/cgroup" in c.task_plugin,
-            f"TaskPlugin={','.join(c.task_plugin) or '(none)'}: without task/cgroup a job's limits "
-            "(cores, memory, devices) are not enforced",
+            "without task/cgroup a job's limits (cores, memory, devices) are not enforced",
             f"add task/cgroup to TaskPlugin (e.g. TaskPlugin=task/cgroup,task/affinity) {restart}",
         ),
-        (
-            "JobSubmitPlugins",
+        "JobSubmitPlugins": (
             any(p in ("lua", "job_submit/lua") for p in c.job_submit_plugins),
-            f"JobSubmitPlugins={','.join(c.job_submit_plugins) or '(none)'}: without lua nothing refuses "
-            "--chaos at submission and no job is granted a fault",
+            "without lua nothing refuses --chaos at submission and no job is granted a fault",
             f"add lua to JobSubmitPlugins {restart}",
         ),
-    ]
+    }
     out = []
-    for key, ok, why, fix in checks:
+    for key, (ok, why, fix) in checks.items():
+        setting = f"{key}={values[key] or '(none)'}"
         if ok:
-            value = {"PrologFlags": ",".join(c.prolog_flags), "ProctrackType": c.proctrack_type}.get(
-                key, ",".join(c.task_plugin if key == "TaskPlugin" else c.job_submit_plugins)
-            )
-            out.append(Finding(CONTROLLER, f"slurm.conf {key}", Status.OK, conf, f"{key}={value}"))
+            out.append(Finding(CONTROLLER, f"slurm.conf {key}", Status.OK, conf, setting))
         else:
-            out.append(Finding(CONTROLLER, f"slurm.conf {key}", Status.UNSAFE, conf, why, fix))
+            out.append(
+                Finding(CONTROLLER, f"slurm.conf {key}", Status.UNSAFE, conf, f"{setting}: {why}", fix)
+            )
     return out
 
 
