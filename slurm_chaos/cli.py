@@ -232,6 +232,15 @@ def _plugin_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugin_check(args: argparse.Namespace) -> int:
+    from slurm_chaos.faults.plugin_check import check_site
+    from slurm_chaos.hostlist import expand_hostlist
+
+    report = check_site(args.site, expand_hostlist(args.nodes) if args.nodes else None)
+    print(report.to_json() if args.json else report.table())
+    return report.exit_code
+
+
 def _compare(args: argparse.Namespace) -> int:
     from slurm_chaos.analysis.commands import compare_dirs
 
@@ -430,7 +439,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(handler=_faults)
 
     p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
-    ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install}")
+    ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install,check}")
     q = ps.add_parser(
         "install",
         help="write the policy and job_submit.lua, build the plugin, write its plugstack.conf line, "
@@ -439,6 +448,15 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
     q.set_defaults(handler=_plugin_install)
+    q = ps.add_parser(
+        "check",
+        help="audit an installation: policy, plugstack.conf, plugin, hooks, slurm.conf settings; "
+        "exit 1 names each item that is UNSAFE or MISSING",
+    )
+    q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
+    q.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2]; default: all)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(handler=_plugin_check)
 
     p = sub.add_parser("compare", help="compare a fault run's probe files with a baseline's")
     p.add_argument("baseline", metavar="BASELINE_DIR")

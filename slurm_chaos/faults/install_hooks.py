@@ -200,6 +200,13 @@ def site_audit_log(site: Site) -> Path:
     return DEFAULT_AUDIT_LOG
 
 
+def site_agent_log(site: Site) -> Path:
+    """Where the hooks log: the sandbox's log directory, else DEFAULT_LOG."""
+    if site.sandbox and site.slurm.hooks_dir:
+        return Path(site.slurm.hooks_dir).parent / "log" / "slurm-chaos-agent.log"
+    return DEFAULT_LOG
+
+
 def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> list[Path]:
     """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root()."""
     site = load_site(site_path)
@@ -208,12 +215,11 @@ def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> l
     hooks_dir = Path(site.slurm.hooks_dir)
     from slurm_chaos.faults.plugin_install import site_policy_path
 
-    log_file = hooks_dir.parent / "log" / "slurm-chaos-agent.log" if site.sandbox else DEFAULT_LOG
     return install_hooks(
         hooks_dir,
         python,
         journal_root=site_journal_root(site),
-        log_file=log_file,
+        log_file=site_agent_log(site),
         policy=site_policy_path(site),
         audit_log=site_audit_log(site),
         ckpt_roots=site.safety.allowed_checkpoint_roots,

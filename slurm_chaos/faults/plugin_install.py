@@ -36,7 +36,7 @@ PLUGIN_FILE = "slurm_chaos.so"
 JOB_SUBMIT_LUA = "job_submit.lua"
 #: Our script under its own name, for a site that already has a job_submit.lua.
 OWN_LUA = "slurm-chaos-job_submit.lua"
-_LUA_MARK = "slurm-chaos job_submit/lua"
+LUA_MARK = "slurm-chaos job_submit/lua"
 # The rollback journal's root: the prolog agent and the plugin write the same per-node files.
 DEFAULT_JOURNAL_DIR = str(DEFAULT_ROOT)  # also the plugin's own default (parse.h)
 DEFAULT_SLURM_ETC = Path("/etc/slurm")
@@ -176,7 +176,7 @@ def install_job_submit(etc: Path, policy: Path) -> tuple[Path, tuple[str, ...]]:
     text = render_job_submit(policy)
     target = etc / JOB_SUBMIT_LUA
     notes: list[str] = []
-    if target.exists() and _LUA_MARK not in target.read_text(errors="replace"):
+    if target.exists() and LUA_MARK not in target.read_text(errors="replace"):
         target = etc / OWN_LUA
         notes.append(
             f"{etc / JOB_SUBMIT_LUA} is the site's own: ours is {target}; without it slurmctld cannot "

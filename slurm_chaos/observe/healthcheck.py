@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import sys
 import time
 import tomllib
@@ -355,12 +356,29 @@ def site_options(site: Site, heartbeats: Path | None = None, states: Path | None
     )
 
 
-def _python_env() -> str:
-    """The lines that make a hook run this module with the interpreter and source tree installing it."""
+def _root_preamble() -> str:
+    """The first lines of a hook slurmd runs as root: from /, with a fixed PATH (as the fault hooks)."""
+    from slurm_chaos.faults.install_hooks import SYSTEM_PATH
+
+    return f"cd / || exit 0\nPATH={SYSTEM_PATH}\nexport PATH\n"
+
+
+def _root_python(module: str, func: str) -> str:
+    """``PYTHON -I -c BOOTSTRAP``: `module`'s `func` run with the interpreter and source tree installing
+    it, isolated (no PYTHON* variables, neither the current directory nor user site-packages)."""
     from slurm_chaos.resources import import_root
 
-    src = import_root()
-    return f'export PYTHONPATH={shlex.quote(str(src))}"${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+    boot = (
+        f"import sys; sys.path.insert(0, {str(import_root())!r}); "
+        f"from {module} import {func}; sys.exit({func}(sys.argv[1:]))"
+    )
+    return f"{shlex.quote(sys.executable)} -I -c {shlex.quote(boot)}"
+
+
+def _timeout_bin() -> str:
+    from slurm_chaos.faults.install_hooks import SYSTEM_PATH
+
+    return shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"
 
 
 def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
@@ -376,9 +394,10 @@ def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
             "#!/bin/sh\n"
             f"# slurm-chaos: the job's heartbeat directory ({kind}); "
             "written by slurm-chaos, edits are overwritten.\n"
-            f"{_python_env()}"
-            f"timeout -k 5 {HEARTBEAT_HOOK_TIMEOUT_S} {shlex.quote(sys.executable)}"
-            f" -m slurm_chaos.observe.heartbeat {kind} --dir {shlex.quote(str(heartbeats))}"
+            f"{_root_preamble()}"
+            f"{shlex.quote(_timeout_bin())} -k 5 {HEARTBEAT_HOOK_TIMEOUT_S} "
+            f"{_root_python('slurm_chaos.observe.heartbeat', 'hook_main')}"
+            f" {kind} --dir {shlex.quote(str(heartbeats))}"
             f' || echo "slurm-chaos: heartbeat {kind} hook exited $? for job ${{SLURM_JOB_ID:-?}}" >&2\n'
             "exit 0\n"
         )
@@ -408,9 +427,9 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
         "#!/bin/sh\n"
         f"# slurm-chaos health check (signals: {', '.join(sorted(opts.signals)) or 'none'}); "
         "written by slurm-chaos, edits are overwritten.\n"
+        f"{_root_preamble()}"
         f"{env}"
-        f"{_python_env()}"
-        f"exec {shlex.quote(sys.executable)} -m slurm_chaos.observe.healthcheck"
+        f"exec {_root_python('slurm_chaos.observe.healthcheck', 'main')}"
         f' --config {shlex.quote(str(config))} "$@"\n'
     )
     write_atomic(hook, hook_text, mode=0o755)

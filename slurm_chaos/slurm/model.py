@@ -243,6 +243,14 @@ class ClusterConfig:
     name: str
     plugstack_conf: str = ""
     topology_plugin: str = ""
+    slurm_conf: str = ""
+    prolog: str = ""
+    epilog: str = ""
+    prolog_flags: tuple[str, ...] = ()
+    proctrack_type: str = ""
+    task_plugin: tuple[str, ...] = ()
+    job_submit_plugins: tuple[str, ...] = ()
+    health_check_program: str = ""
 
 
 @dataclass(frozen=True)

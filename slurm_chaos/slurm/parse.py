@@ -667,6 +667,14 @@ def parse_scontrol_config(text: str) -> ClusterConfig:
         name=_text(values.get("ClusterName", "")),
         plugstack_conf=_text(values.get("PlugStackConfig", "")),
         topology_plugin=_text(values.get("TopologyPlugin", "")),
+        slurm_conf=_text(values.get("SLURM_CONF", "")),
+        prolog=_text(values.get("Prolog", "")),
+        epilog=_text(values.get("Epilog", "")),
+        prolog_flags=_words(values.get("PrologFlags", "")),
+        proctrack_type=_text(values.get("ProctrackType", "")),
+        task_plugin=_words(values.get("TaskPlugin", "")),
+        job_submit_plugins=_words(values.get("JobSubmitPlugins", "")),
+        health_check_program=_text(values.get("HealthCheckProgram", "")),
     )
 
 

@@ -306,6 +306,15 @@ def test_cluster_config() -> None:
         f"{etc}/plugstack.conf",
         "topology/tree",
     )
+    # What `plugin check` audits: the hooks slurmd runs and the plugins that contain jobs.
+    assert (config.slurm_conf, config.prolog, config.epilog) == (
+        f"{etc}/slurm.conf",
+        f"{etc}/prolog",
+        f"{etc}/epilog",
+    )
+    assert config.prolog_flags == ("Alloc",) and config.proctrack_type == "proctrack/linuxproc"
+    assert config.task_plugin == ("task/none",) and config.job_submit_plugins == ()
+    assert config.health_check_program == f"{etc}/healthcheck"
 
 
 # ------------------------------------------------------------------ reservations and jobs
