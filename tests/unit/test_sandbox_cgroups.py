@@ -97,3 +97,30 @@ def test_remove_kills_what_is_left_and_removes_every_cgroup_deepest_first(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu", "freezer"]
     assert not list(tmp_path.rglob("slurm-chaos-sandbox-*"))
     assert cg.remove() == []
+
+
+def conf_lines(text: str) -> set[str]:
+    return {line for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_cgroup_conf_and_slurm_conf_per_mode_and_version() -> None:
+    from slurm_chaos.sandbox.cluster import _render
+    from slurm_chaos.sandbox.layout import Layout
+
+    old = conf_lines(_render("cgroup.conf.j2", cgroups=True, version=(22, 5)))
+    assert {
+        "CgroupPlugin=cgroup/v1",
+        "CgroupAutomount=no",
+        "ConstrainCores=yes",
+        "ConstrainRAMSpace=yes",
+    } <= old
+    new = conf_lines(_render("cgroup.conf.j2", cgroups=True, version=(24, 11)))
+    assert "CgroupPlugin=cgroup/v1" in new and not any(line.startswith("CgroupAutomount") for line in new)
+    assert conf_lines(_render("cgroup.conf.j2", cgroups=False, version=(24, 11))) == {"CgroupPlugin=disabled"}
+    for cgroups, expected in (
+        (True, {"ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "PrologFlags=Alloc,Contain"}),
+        (False, {"ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "PrologFlags=Alloc"}),
+    ):
+        layout = Layout("cgx", 5, 2, "host", cgroups)
+        text = _render("slurm.conf.j2", L=layout, features=["a", "b"], health_interval=5)
+        assert expected <= conf_lines(text)
