@@ -156,4 +156,6 @@ def cleanup(
 def revert_journal(journal: Journal, runner: Runner, by: str, skip_pid: int | None = None) -> Reverted:
     """Revert one journal in its own namespaces."""
     header = journal.read().header
-    return revert(journal, UndoContext(node_runner(header, runner)), by=by, skip_pid=skip_pid)
+    inner = node_runner(header, runner)
+    root = Path(f"/proc/{inner.pid}/root") if isinstance(inner, NsRunner) and inner.mount else Path("/")
+    return revert(journal, UndoContext(inner, root=root), by=by, skip_pid=skip_pid)

@@ -285,10 +285,17 @@ def parse_records(lines: list[str]) -> State:
 
 @dataclass(frozen=True)
 class UndoContext:
-    """What an undo action may use: a runner that acts inside the node's namespaces."""
+    """What an undo action may use: a runner that acts inside the node's namespaces, and where the
+    node's filesystem is seen from here (``/proc/PID/root`` when undoing from outside its mount
+    namespace, as on the sandbox host, whose nodes mount their own cgroup trees)."""
 
     runner: Runner
     timeout: float = 30.0
+    root: Path = Path("/")
+
+    def path(self, recorded: str) -> Path:
+        """A path the journal recorded in the node's mount namespace, as reachable from here."""
+        return self.root / recorded.lstrip("/")
 
 
 #: A named undo action: reverts one change, returns what it did (one line); raises UndoFailed.

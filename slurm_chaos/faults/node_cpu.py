@@ -10,6 +10,8 @@ undo continues it (or moves it back) even if the agent died mid-cycle.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -19,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
-from slurm_chaos.faults import node_proc
-from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
+from slurm_chaos.faults import cgroupfs, node_proc
+from slurm_chaos.faults.cgroupfs import Cgroupfs, ProcessGone
+from slurm_chaos.faults.journal import JournalClosed, Json, Undo, UndoContext, UndoFailed, undo_action
 from slurm_chaos.faults.node_base import MARKER_ENV, Controller, JobContext, applies, log, num, text
 from slurm_chaos.faults.node_proc import ProcId
 from slurm_chaos.faults.spec import FaultRequest
@@ -99,53 +102,34 @@ class DutyCycle:
 # ----------------------------------------------------------------------------------- cgroups
 
 
-@dataclass(frozen=True)
-class CpuCgroups:
-    """The cpu controller's hierarchy: v1 (``/sys/fs/cgroup/cpu``) or v2 (unified)."""
+class Refused(ChaosError):
+    """The fault cannot stay inside the job's cgroup on this node: it is not applied at all."""
 
-    root: Path
-    v2: bool
 
-    @classmethod
-    def detect(cls, base: Path = Path("/sys/fs/cgroup")) -> CpuCgroups:
-        controllers = base / "cgroup.controllers"
-        if controllers.exists():
-            if "cpu" not in (base / "cgroup.subtree_control").read_text().split():
-                raise ChaosError(
-                    f"slow-rank method=cgroup: cpu controller not enabled in {base}/cgroup.subtree_control"
-                )
-            return cls(base, True)
-        if (base / "cpu" / "cpu.cfs_quota_us").exists():
-            return cls(base / "cpu", False)
-        raise ChaosError(
-            "slow-rank method=cgroup: no cgroup cpu controller on this node (use method=duty-cycle)"
-        )
+def _quota(share: float, cpus: int, period_us: int = 100_000) -> int:
+    return max(1000, int(period_us * share * cpus))
 
-    def current(self, pid: int) -> Path | None:
-        """The cpu cgroup directory `pid` is in."""
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-        except OSError:
-            return None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if (self.v2 and controllers == "") or (not self.v2 and "cpu" in controllers.split(",")):
-                return self.root / path.lstrip("/")
-        return None
 
-    def set_quota(self, group: Path, share: float, cpus: int = 1, period_us: int = 100_000) -> None:
-        """Limit the group to `share` of `cpus` CPUs (an absolute cap: binding on a dedicated node)."""
-        quota = max(1000, int(period_us * share * cpus))
-        if self.v2:
-            (group / "cpu.max").write_text(f"{quota} {period_us}\n")
-        else:
-            (group / "cpu.cfs_period_us").write_text(f"{period_us}\n")
-            (group / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+def _cpus_of(pid: int) -> int:
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError as exc:
+        if cgroupfs.gone(exc):
+            raise ProcessGone(f"pid {pid} exited") from exc
+        return 1
 
 
 @dataclass
 class CgroupQuota:
-    """Moves the chosen tasks into a cgroup of their own capped at (100 - percent)% of their CPUs.
+    """Caps the chosen tasks at (100 - percent)% of their CPUs by a cgroup inside the job's own.
+
+    On cgroup v1, where Slurm does not manage the cpu controller, the tasks are moved (in the cpu
+    hierarchy only: their memory, cpuset, freezer and device cgroups stay Slurm's) into
+    ``<job's cgroup>/slurm-chaos-<fault>``: the job's path as Slurm gives it in the hierarchies it
+    manages, made in the cpu hierarchy for this and removed afterwards. On v2 a task stays where
+    Slurm put it and its own leaf (``.../job_J/step_S/user/task_T``) gets a ``cpu.max``; a leaf
+    that other ranks share is refused, as is a task in no cgroup of the job (never the
+    hierarchy's root). Every step is journalled before it is made and reverted on undo.
 
     The cap is absolute: on a dedicated node (the normal case for a training job) the rank loses
     `percent` of its time; on an oversubscribed node it loses less, as its fair share was already
@@ -156,64 +140,172 @@ class CgroupQuota:
     ctx: JobContext
     rank: int | None
     percent: float
-    cgroups: CpuCgroups
+    fs: Cgroupfs = field(default_factory=Cgroupfs)
     find: TaskFinder = _find_tasks
     moved: dict[int, ProcId] = field(default_factory=dict)
     group: Path | None = None
+    capped: set[Path] = field(default_factory=set)
+    refused: str = ""
     next_scan: float = 0.0
 
-    def _ensure_group(self, first: ProcId) -> Path:
-        if self.group is None:
-            group = self.cgroups.root / f"slurm-chaos-{self.ctx.job_id}-{self.name}"
-            self.ctx.journal.record(
-                self.name,
-                f"mkdir cgroup {group}",
-                Undo(action="cgroup_remove", data={"path": str(group)}),
-                self.ctx.deadline,
-            )
-            group.mkdir(exist_ok=True)
-            # A rank may use several CPUs (threads): scale the cap by the CPUs it may run on.
-            try:
-                cpus = len(os.sched_getaffinity(first.pid))
-            except OSError:
-                cpus = 1
-            self.cgroups.set_quota(group, 1.0 - self.percent / 100.0, cpus)
-            self.group = group
-        return self.group
+    @property
+    def share(self) -> float:
+        return 1.0 - self.percent / 100.0
 
     def tick(self, now: float) -> float:
+        if self.refused:
+            return float("inf")
         if now < self.next_scan:
             return self.next_scan
         self.next_scan = now + SCAN_EVERY_S
         for p in self.find(self.ctx.job_id, self.rank):
             if p.pid in self.moved:
                 continue
-            group = self._ensure_group(p)
-            origin = self.cgroups.current(p.pid)
-            if origin is None or origin == group:
-                continue
-            self.ctx.journal.record(
-                self.name,
-                f"move pid {p.pid} into {group}",
-                Undo(
-                    action="cgroup_move",
-                    data={"pid": p.pid, "start": p.start, "to": str(origin), "from": str(group)},
-                ),
-                self.ctx.deadline,
-            )
-            (group / "cgroup.procs").write_text(f"{p.pid}\n")
+            try:
+                self._throttle(p)
+            except JournalClosed:
+                raise
+            except ProcessGone as exc:
+                log.info("%s: %s: skipped", self.name, exc)
+            except Refused as exc:
+                self.refused = str(exc)
+                log.error(
+                    "%s: not applied on %s for job %s: %s", self.name, self.ctx.node, self.ctx.job_id, exc
+                )
+                return float("inf")
+            except (ChaosError, OSError) as exc:
+                log.error("%s: pid %d of job %s not throttled: %s", self.name, p.pid, self.ctx.job_id, exc)
+            # Tried once: a task that could not be moved is not retried every second.
             self.moved[p.pid] = p
-            log.info(
-                "%s: pid %d of job %s limited to %g%% of a CPU",
-                self.name,
-                p.pid,
-                self.ctx.job_id,
-                100 - self.percent,
-            )
         return self.next_scan
 
     def stop(self) -> None:
-        """Nothing: the journal's undo moves the tasks back and removes the group."""
+        """Nothing: the journal's undo moves the tasks back and removes what was made."""
+
+    def _record(self, what: str, action: str, **data: Json) -> None:
+        self.ctx.journal.record(self.name, what, Undo(action=action, data=data), self.ctx.deadline)
+
+    def _throttle(self, p: ProcId) -> None:
+        if self.fs.v2:
+            self._cap_leaf(p)
+        else:
+            self._move_v1(p)
+
+    # -- cgroup v1: a group of ours under the job's path in the cpu hierarchy
+    def _move_v1(self, p: ProcId) -> None:
+        hier = self.fs.cpu_hierarchy()
+        cgs = self.fs.of(p.pid)
+        jobs = self.fs.job_cgroups(p.pid, self.ctx.job_id)
+        if not jobs:
+            raise Refused(
+                f"pid {p.pid} is in no cgroup of job {self.ctx.job_id} (Slurm's proctrack/cgroup or "
+                "task/cgroup make one); the throttle would leave the job's cgroup: use method=duty-cycle"
+            )
+        origin = self.fs.dir(hier, cgs.get(hier, "/"))
+        group = self._ensure_group_v1(hier, jobs, origin, p)
+        if origin == group:
+            return
+        self._record(
+            f"move pid {p.pid} into {group}",
+            "cgroup_move",
+            pid=p.pid,
+            start=p.start,
+            to=str(origin),
+            **{"from": str(group)},
+        )
+        self.fs.move(p.pid, group)
+        self.moved[p.pid] = p
+        log.info(
+            "%s: pid %d of job %s limited to %g%% of its CPUs in %s",
+            self.name,
+            p.pid,
+            self.ctx.job_id,
+            100 - self.percent,
+            group,
+        )
+
+    def _ensure_group_v1(self, hier: str, jobs: dict[str, str], origin: Path, first: ProcId) -> Path:
+        if self.group is not None:
+            return self.group
+        managed = hier in jobs
+        # Slurm's own job cgroup in this hierarchy, or the path it gave the job in the others.
+        path = jobs[hier] if managed else jobs.get("freezer", sorted(jobs.values())[0])
+        mount = self.fs.dir(hier, "/")
+        job_dir = self.fs.dir(hier, path)
+        cpus = _cpus_of(first.pid)
+        # Made for this fault where Slurm made nothing (removed when empty); Slurm's own job cgroup
+        # only if it is left empty after the job, which this group would otherwise have kept.
+        levels = len(job_dir.relative_to(mount).parts) if not managed else 1
+        self._record(f"cgroup {job_dir} (the job's)", "cgroup_prune", path=str(job_dir), levels=levels)
+        if not managed:
+            job_dir.mkdir(parents=True, exist_ok=True)
+        group = job_dir / f"slurm-chaos-{self.name}"
+        self._record(f"mkdir cgroup {group}", "cgroup_remove", path=str(group), home=str(origin))
+        group.mkdir(exist_ok=True)
+        if "cpuset" in hier.split(","):
+            cgroupfs.copy_cpuset(group)
+        # A rank may use several CPUs (threads): the cap scales with the CPUs it may run on.
+        (group / "cpu.cfs_period_us").write_text("100000\n")
+        (group / "cpu.cfs_quota_us").write_text(f"{_quota(self.share, cpus)}\n")
+        self.group = group
+        return group
+
+    # -- cgroup v2: cpu.max on the task's own leaf, inside the job's subtree
+    def _cap_leaf(self, p: ProcId) -> None:
+        leaf_path = self.fs.of(p.pid).get(cgroupfs.UNIFIED, "")
+        job = cgroupfs.job_path(leaf_path, self.ctx.job_id)
+        if job is None:
+            raise Refused(
+                f"pid {p.pid} is in {leaf_path or 'no cgroup'}, not in job {self.ctx.job_id}'s cgroup; "
+                "the throttle would leave the job: use method=duty-cycle"
+            )
+        leaf = self.fs.dir(cgroupfs.UNIFIED, leaf_path)
+        if leaf in self.capped:
+            self.moved[p.pid] = p
+            return
+        rank = {q.pid for q in self.find(self.ctx.job_id, self.rank)} | {p.pid}
+        others = sorted(set(self.fs.procs(leaf)) - rank)
+        if others:
+            raise Refused(
+                f"{leaf} also holds processes {others[:5]} that are not the rank's: a cap there would slow "
+                "them too (TaskPlugin=task/cgroup gives each task its own cgroup), or use method=duty-cycle"
+            )
+        job_dir = self.fs.dir(cgroupfs.UNIFIED, job)
+        if "cpu" not in (job_dir / "cgroup.controllers").read_text().split():
+            raise Refused(f"the cpu controller is not delegated to job {self.ctx.job_id}'s cgroup {job_dir}")
+        cpus = _cpus_of(p.pid)
+        below = leaf.relative_to(job_dir).parts
+        if not below:
+            raise Refused(f"pid {p.pid} is in job {self.ctx.job_id}'s cgroup itself, not a leaf of it")
+        # The leaf gets cpu.max once every level from the job's cgroup down enables cpu for its
+        # children; those levels hold no process (the no-internal-process rule), Slurm's leaves do.
+        chain = [job_dir]
+        for part in below[:-1]:
+            chain.append(chain[-1] / part)
+        for d in chain:
+            if "cpu" not in (d / "cgroup.subtree_control").read_text().split():
+                self._record(f"enable cpu in {d}", "cgroup_subtree", path=str(d), controller="cpu")
+                _write(d / "cgroup.subtree_control", "+cpu")
+        old = (leaf / "cpu.max").read_text().strip()
+        self._record(f"cpu.max of {leaf}", "cgroup_write", path=str(leaf / "cpu.max"), value=old)
+        _write(leaf / "cpu.max", f"{_quota(self.share, cpus)} 100000")
+        self.capped.add(leaf)
+        self.moved[p.pid] = p
+        log.info(
+            "%s: pid %d of job %s limited to %g%% of its CPUs (cpu.max of %s)",
+            self.name,
+            p.pid,
+            self.ctx.job_id,
+            100 - self.percent,
+            leaf,
+        )
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(f"{value}\n")
+    except OSError as exc:
+        raise ChaosError(f"write {value!r} to {path}: {exc.strerror or exc}") from exc
 
 
 @undo_action("cgroup_move")
@@ -222,34 +314,93 @@ def _cgroup_move(data: Mapping[str, Json], ctx: UndoContext) -> str:
     if not node_proc.is_alive(p):
         return f"pid {p.pid} gone"
     try:
-        (Path(str(data["to"])) / "cgroup.procs").write_text(f"{p.pid}\n")
+        (ctx.path(str(data["to"])) / "cgroup.procs").write_text(f"{p.pid}\n")
     except OSError as exc:
+        if cgroupfs.gone(exc):
+            return f"pid {p.pid} gone"
         raise UndoFailed(f"move pid {p.pid} back to {data['to']}: {exc}") from exc
     return f"pid {p.pid} back in {data['to']}"
 
 
-@undo_action("cgroup_remove")
-def _cgroup_remove(data: Mapping[str, Json], ctx: UndoContext) -> str:
-    group = Path(str(data["path"]))
-    if not group.exists():
-        return f"{group} gone"
-    # Children forked after the move are in the group too: hand them to the parent first.
-    leftovers = (group / "cgroup.procs").read_text().split()
-    for pid in leftovers:
-        try:
-            (group.parent / "cgroup.procs").write_text(f"{pid}\n")
-        except OSError:
-            continue
+def _rmdir(group: Path) -> OSError | None:
     for _ in range(20):
         try:
-            group.rmdir()
-            return f"rmdir {group}" + (
-                f" ({len(leftovers)} processes moved to its parent)" if leftovers else ""
-            )
+            cgroupfs.rmdir(group)
+            return None
+        except FileNotFoundError:
+            return None
         except OSError as exc:
             last = exc
             time.sleep(0.05)
-    raise UndoFailed(f"rmdir {group}: {last}")
+    return last
+
+
+@undo_action("cgroup_remove")
+def _cgroup_remove(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    group = ctx.path(str(data["path"]))
+    if not group.exists():
+        return f"{data['path']} gone"
+    home = ctx.path(str(data["home"])) if data.get("home") else group.parent
+    # Children forked after the move are in the group too: hand them back first.
+    try:
+        leftovers = (group / "cgroup.procs").read_text().split()
+    except OSError:
+        leftovers = []
+    for pid in leftovers:
+        with contextlib.suppress(OSError):
+            (home / "cgroup.procs").write_text(f"{pid}\n")
+    err = _rmdir(group)
+    if err is not None:
+        raise UndoFailed(f"rmdir {data['path']}: {err}")
+    return f"rmdir {data['path']}" + (f" ({len(leftovers)} processes moved to {home})" if leftovers else "")
+
+
+@undo_action("cgroup_prune")
+def _cgroup_prune(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    """Remove the job's cgroup and the levels above it made for it, each only once it is empty:
+    a level another job's fault still uses (or Slurm's job cgroup, while the job runs) stays."""
+    d = ctx.path(str(data["path"]))
+    removed = []
+    for _ in range(int(str(data.get("levels", 1)))):
+        if d.exists():
+            try:
+                cgroupfs.rmdir(d)
+            except OSError as exc:
+                if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
+                    break
+                raise UndoFailed(f"rmdir {d}: {exc}") from exc
+            removed.append(d.name)
+        d = d.parent
+    return (
+        f"rmdir {'/'.join(reversed(removed))} (empty)" if removed else f"{data['path']} kept (in use) or gone"
+    )
+
+
+@undo_action("cgroup_subtree")
+def _cgroup_subtree(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    d = ctx.path(str(data["path"]))
+    controller = str(data["controller"])
+    if not d.exists():
+        return f"{data['path']} gone"
+    try:
+        (d / "cgroup.subtree_control").write_text(f"-{controller}\n")
+    except OSError as exc:
+        raise UndoFailed(f"disable {controller} in {data['path']}: {exc}") from exc
+    return f"{controller} disabled again in {data['path']}"
+
+
+@undo_action("cgroup_write")
+def _cgroup_write(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    f = ctx.path(str(data["path"]))
+    if not f.parent.exists():
+        return f"{f.parent} gone"
+    try:
+        f.write_text(f"{data['value']}\n")
+    except OSError as exc:
+        if cgroupfs.gone(exc):
+            return f"{f.parent} gone"
+        raise UndoFailed(f"restore {data['path']}: {exc}") from exc
+    return f"{data['path']} = {data['value']}"
 
 
 @undo_action("signal_process")
@@ -266,7 +417,10 @@ def _signal_process(data: Mapping[str, Json], ctx: UndoContext) -> str:
 
 def _throttle(name: str, ctx: JobContext, rank: int | None, percent: float, method: str) -> Controller:
     if method == "cgroup":
-        return CgroupQuota(name, ctx, rank, percent, CpuCgroups.detect())
+        fs = Cgroupfs()
+        if not fs.v2:
+            fs.cpu_hierarchy()  # no cpu controller: refused now, before anything is journalled
+        return CgroupQuota(name, ctx, rank, percent, fs)
     return DutyCycle(name, ctx, rank, percent)
 
 
@@ -305,14 +459,99 @@ def _gpu_count(ctx: JobContext) -> int:
     return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")) if res.ok else 0
 
 
+#: How long a noisy neighbour waits for its job's extern step (the job's cgroup) before giving up.
+EXTERN_WAIT_S = 60.0
+EXTERN_POLL_S = 0.5
+#: Joins the cgroup.procs files given before "--", then execs the rest: the load is inside the
+#: job's cgroups from its first instruction, and so is every worker it forks.
+JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done; shift; exec "$@"'
+
+
+def extern_step_cgroups(job_id: str, fs: Cgroupfs) -> dict[str, str] | None:
+    """The cgroups of the job's extern step here ({hierarchy: path}), None while it has none.
+
+    With ``PrologFlags=Contain`` slurmd starts the extern step right after the prolog; its task
+    (a ``sleep``) lives until the job ends, in the step's own cgroup inside the job's, and
+    whatever else is in that cgroup is killed with the job (as pam_slurm_adopt relies on)."""
+    steps = [
+        s
+        for s in node_proc.job_steps_here(job_id)
+        if node_proc.cmdline(s)[:1] == [f"slurmstepd: [{job_id}.extern]"]
+    ]
+    for step in steps:
+        for pid in node_proc.pids():
+            if node_proc.parent(pid) != step:
+                continue
+            try:
+                cgs = fs.of(pid)
+            except ChaosError:
+                continue
+            inside = {h: path for h, path in cgs.items() if cgroupfs.job_path(path, job_id) is not None}
+            if inside:
+                return inside
+    return None
+
+
+@dataclass
+class NoisyLoad:
+    """Starts the load in the job's extern step cgroups once they exist: bound by the job's cpuset
+    and memory limit, killed with the job even if no undo runs, and journalled to be stopped."""
+
+    name: str
+    ctx: JobContext
+    command: Callable[[int], list[str]]
+    fs: Cgroupfs = field(default_factory=Cgroupfs)
+    extern: Callable[[str, Cgroupfs], dict[str, str] | None] = extern_step_cgroups
+    give_up: float = 0.0
+    done: bool = False
+
+    def tick(self, now: float) -> float:
+        if self.done:
+            return float("inf")
+        if not self.give_up:
+            self.give_up = now + EXTERN_WAIT_S
+        cgroups = self.extern(self.ctx.job_id, self.fs)
+        if cgroups is None:
+            if now < self.give_up:
+                return now + EXTERN_POLL_S
+            self.done = True
+            log.error(
+                "%s: not applied on %s for job %s: the job has no extern step in a cgroup of its own "
+                "(Slurm's PrologFlags=Contain with proctrack/cgroup): the load would run outside the job",
+                self.name,
+                self.ctx.node,
+                self.ctx.job_id,
+            )
+            return float("inf")
+        self.done = True
+        procs = [str(self.fs.dir(h, path) / "cgroup.procs") for h, path in sorted(cgroups.items())]
+        argv = self.command(max(1, int(self.ctx.deadline - now)))
+        marker = self.ctx.marker(self.name)
+        where = ", ".join(f"{h or 'unified'}:{p}" for h, p in sorted(cgroups.items()))
+        self.ctx.journal.record(
+            self.name,
+            f"{' '.join(argv)} in {where}",
+            Undo(action="kill_marked", data={"marker": marker}),
+            self.ctx.deadline,
+        )
+        pid = self.ctx.spawner(
+            ["sh", "-c", JOIN_CGROUPS, "sh", *procs, "--", *argv], {MARKER_ENV: marker}, self.ctx.log_file
+        )
+        log.info("%s: started %s (pid %d) in %s", self.name, " ".join(argv), pid, where)
+        return float("inf")
+
+    def stop(self) -> None:
+        """Nothing: the load ends with the job's extern step, or by the journal's undo."""
+
+
 @applies("noisy-neighbour")
 def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     load, cpus = text(req, "load"), int(num(req, "cpus"))
-    seconds = int(ctx.deadline - time.time())
     if load == "matmul" and _gpu_count(ctx) > 0:
         import sys
 
-        argv = [sys.executable, "-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", str(seconds)]
+        def command(seconds: int) -> list[str]:
+            return [sys.executable, "-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", str(seconds)]
     else:
         if load == "matmul":
             log.warning(
@@ -321,14 +560,11 @@ def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller
             )
         if shutil.which("stress-ng") is None:
             raise ChaosError("noisy-neighbour: stress-ng is not installed on this node")
-        argv = stress_argv(load, cpus, seconds)
-    marker = ctx.marker(req.name)
-    ctx.journal.record(
-        req.name, " ".join(argv), Undo(action="kill_marked", data={"marker": marker}), ctx.deadline
-    )
-    pid = ctx.spawner(argv, {MARKER_ENV: marker}, ctx.log_file)
-    log.info("noisy-neighbour: started %s (pid %d)", " ".join(argv), pid)
-    return []
+
+        def command(seconds: int) -> list[str]:
+            return stress_argv(load, cpus, seconds)
+
+    return [NoisyLoad(req.name, ctx, command)]
 
 
 def marked(marker: str) -> list[ProcId]:

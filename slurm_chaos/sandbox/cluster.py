@@ -20,6 +20,7 @@ import jinja2
 from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.sandbox import daemons
+from slurm_chaos.sandbox.cgroups import SandboxCgroups, hierarchies, node_argv, symlinks
 from slurm_chaos.sandbox.layout import MAX_NODES, Layout, check_name, sandboxes_root, used_indices
 from slurm_chaos.sandbox.packages import ensure_packages
 
@@ -89,22 +90,24 @@ class Sandbox:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _allocate(self, nodes: int) -> Layout:
+    def _allocate(self, nodes: int, cgroups: bool) -> Layout:
+        host = socket.gethostname().split(".")[0]
         with self._registry_lock():
             existing = Layout.load(self.name)
             if existing is not None:
-                if existing.nodes != nodes and self._ctld_alive(existing):
+                if (existing.nodes, existing.cgroups) != (nodes, cgroups) and self._ctld_alive(existing):
                     raise UsageError(
-                        f"sandbox {self.name!r} is up with {existing.nodes} nodes; "
-                        f"'sandbox down --name {self.name}' first to change --nodes"
+                        f"sandbox {self.name!r} is up with {existing.nodes} nodes, cgroups "
+                        f"{'on' if existing.cgroups else 'off'}; "
+                        f"'sandbox down --name {self.name}' first to change them"
                     )
-                layout = Layout(self.name, existing.index, nodes, socket.gethostname().split(".")[0])
+                layout = Layout(self.name, existing.index, nodes, host, cgroups)
             else:
                 taken = used_indices() | self._subnets_in_use()
                 index = next((i for i in range(1, 250) if i not in taken), None)
                 if index is None:
                     raise ChaosError("no free sandbox index (subnets 10.251.1-249 all in use)")
-                layout = Layout(self.name, index, nodes, socket.gethostname().split(".")[0])
+                layout = Layout(self.name, index, nodes, host, cgroups)
             layout.save()
             return layout
 
@@ -152,9 +155,18 @@ class Sandbox:
 
     # ---------------------------------------------------------------- up
     def up(
-        self, nodes: int = 4, install: bool = True, health_interval: int = 5, monitoring: bool = True
+        self,
+        nodes: int = 4,
+        install: bool = True,
+        health_interval: int = 5,
+        monitoring: bool = True,
+        cgroups: bool | None = None,
     ) -> Layout:
-        """Start whatever of the sandbox is not running yet and wait until every node is idle."""
+        """Start whatever of the sandbox is not running yet and wait until every node is idle.
+
+        `cgroups` (default: on unless $SLURM_CHAOS_SANDBOX_CGROUPS is 0): Slurm's cgroup plugins,
+        each node in a cgroup subtree of its own; off: proctrack/linuxproc and no task plugin.
+        """
         if os.geteuid() != 0:
             raise UsageError(
                 "'sandbox up' must run as root (it creates network namespaces and starts daemons)"
@@ -164,7 +176,9 @@ class Sandbox:
         t0 = time.monotonic()
         if install:
             ensure_packages(self.runner)
-        layout = self._allocate(nodes)
+        if cgroups is None:
+            cgroups = os.environ.get("SLURM_CHAOS_SANDBOX_CGROUPS", "1") != "0"
+        layout = self._allocate(nodes, cgroups)
         fresh = not self._ctld_alive(layout)
         if fresh:
             self._write_configs(layout, health_interval)
@@ -198,8 +212,11 @@ class Sandbox:
         _write(etc / "topology.conf", _render("topology.conf.j2", L=layout))
         # slurmdbd refuses a world-readable config holding the database password.
         _write(etc / "slurmdbd.conf", _render("slurmdbd.conf.j2", L=layout, db_password=DB_PASSWORD), 0o600)
-        if slurm_version(self.runner) >= (23, 2):
-            _write(etc / "cgroup.conf", _render("cgroup.conf.j2"))
+        version = slurm_version(self.runner)
+        if layout.cgroups or version >= (23, 2):
+            _write(etc / "cgroup.conf", _render("cgroup.conf.j2", cgroups=layout.cgroups, version=version))
+        else:
+            (etc / "cgroup.conf").unlink(missing_ok=True)
         _write(etc / "hosts", _render("hosts.j2", L=layout))
         hooks = {
             "prolog": "A failing hook is reported but never drains the node by itself.",
@@ -376,29 +393,23 @@ class Sandbox:
 
     def _ensure_slurmds(self, layout: Layout) -> None:
         hosts = layout.etc / "hosts"
+        hs = hierarchies() if layout.cgroups else []
+        links = symlinks() if layout.cgroups else []
+        if layout.cgroups and not any(h.fstype == "cgroup" for h in hs):
+            raise ChaosError(
+                "the sandbox's cgroup mode needs cgroup v1 hierarchies under /sys/fs/cgroup (none here); "
+                "bring it up with SLURM_CHAOS_SANDBOX_CGROUPS=0"
+            )
         for i, (node, d) in enumerate(
             zip(layout.node_names(), self.daemons(layout)[3:], strict=True), start=1
         ):
             if self._is_ours(layout, d):
                 continue
-            # A node is a slurmd in our network namespace with its own hostname (UTS) and its own
-            # /etc/hosts (private mount namespace); `ip netns exec` would remount /sys and break cgroups.
-            argv = [
-                "nsenter",
-                f"--net=/run/netns/{layout.netns(i)}",
-                "unshare",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -f "$3" -N "$1"',
-                "sh",
-                node,
-                str(hosts),
-                str(layout.slurm_conf),
-            ]
+            # A node is a slurmd in our network namespace with its own hostname (UTS), its own
+            # /etc/hosts (private mount namespace) and, in cgroup mode, its own cgroup subtree and
+            # namespace; `ip netns exec` would remount /sys and break cgroups.
+            procs = SandboxCgroups(layout.name).create_node(node, hs) if layout.cgroups else []
+            argv = node_argv(layout.netns(i), node, hosts, layout.slurm_conf, procs, hs, links)
             self._start_slurm_daemon(layout, d, argv, layout.log_dir / f"slurmd.{node}.log")
 
     def node_states(self, layout: Layout) -> dict[str, str]:
@@ -505,6 +516,8 @@ class Sandbox:
                     os.kill(int(p), 9)
                     stopped.append(f"process {p} in {ns}")
             self.runner(["ip", "netns", "del", ns], timeout=10)
+        # Job processes that left the network namespace are still in the nodes' cgroups.
+        stopped += SandboxCgroups(layout.name).remove()
         if self.runner(["ip", "link", "show", layout.bridge], timeout=10).ok:
             self.runner(["ip", "link", "del", layout.bridge], timeout=10)
         self._stop_munge_if_last(layout, stopped)

@@ -38,6 +38,9 @@ class Layout:
     index: int
     nodes: int
     controller_host: str
+    #: Slurm's cgroup plugins, each node in a cgroup subtree of its own (see sandbox/cgroups.py);
+    #: False: proctrack/linuxproc and no task plugin, as before.
+    cgroups: bool = True
 
     @property
     def root(self) -> Path:
@@ -153,6 +156,7 @@ class Layout:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
+        data.setdefault("cgroups", False)  # written before the sandbox had cgroups: it ran without
         return cls(**data)
 
 

@@ -92,9 +92,18 @@ x = 0
 for i in range(int(os.environ.get("WORK", "30000000"))):
     x += i * i
 wall = time.monotonic() - t
-cgroup = [line for line in open("/proc/self/cgroup") if ":cpu," in line or ":cpu:" in line]
+lines = open("/proc/self/cgroup").read().split()
+cgroup = [line for line in lines if ":cpu," in line or ":cpu:" in line]
 where = cgroup[0].strip() if cgroup else ""
-print(f"RANK={os.environ['SLURM_PROCID']} WALL_S={wall:.3f} CGROUP={where}", flush=True)
+rank = os.environ["SLURM_PROCID"]
+# How often the cpu controller held this task back (its cgroup's quota), seen from inside the node.
+try:
+    stat = open("/sys/fs/cgroup/cpu" + where.split(":", 2)[2].rstrip("/") + "/cpu.stat").read().split()
+    throttled = stat[stat.index("nr_throttled") + 1]
+except (OSError, IndexError, ValueError):
+    throttled = "n/a"
+cgroups = ";".join(lines)
+print(f"RANK={rank} WALL_S={wall:.3f} THROTTLED={throttled} CGROUP={where} CGROUPS={cgroups}", flush=True)
 """
 
 
@@ -219,7 +228,7 @@ class Cluster:
             stat = Path(f"/proc/{p}/stat")
             if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
                 stopped.append(p)
-        cgroups = sorted(p.name for p in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*"))
+        cgroups = self.cgroups(node)
         # A node stays "mixed"/"completing" for a few seconds after its last job, while the epilog runs.
         deadline = time.monotonic() + 60
         while True:
@@ -238,6 +247,26 @@ class Cluster:
             # been evaluated, so a sandbox just brought up may show either): not a change of the node.
             "state": "idle" if state.rstrip("*") == "reserved" else state,
         }
+
+    def cgroups(self, node: str) -> list[str]:
+        """The node's cgroups that are not Slurm's standing ones: ours (slurm-chaos-*), anything in
+        the cpu hierarchy (Slurm 22.05 makes nothing there on v1) and any job's (Slurm removes a
+        job's once it ended). Each node has its subtree in every hierarchy (sandbox/cgroups.py);
+        a sandbox without cgroups had ours at the cpu hierarchy's root."""
+        out = [
+            f"cpu:/{p.name}"
+            for p in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*")
+            if "sandbox" not in p.name
+        ]
+        for hier in sorted(Path("/sys/fs/cgroup").iterdir()):
+            base = hier / f"slurm-chaos-sandbox-{self.root.name}" / node
+            if hier.is_symlink() or not base.is_dir():
+                continue
+            for d in base.rglob("*"):
+                rel = str(d.relative_to(base))
+                if d.is_dir() and ("slurm-chaos" in rel or "job_" in rel or hier.name == "cpu"):
+                    out.append(f"{hier.name}:/{rel}")
+        return sorted(out)
 
     def snapshots(self, nodes: Sequence[str]) -> dict[str, dict[str, object]]:
         return {n: self.snapshot(n) for n in nodes}
@@ -531,8 +560,11 @@ SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_HOLD_S=1 SLURM_CHAOS_IO_AFTER_BYTES=819
 def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, method: str) -> None:
     before = cluster.snapshot("node1")
     script = f"srun -n2 -N1 {sys.executable} {cluster.shared}/busy.py\n"
-    # The cgroup cap is absolute and this machine is shared: a deep cut keeps it binding.
+    # The cgroup cap is absolute and this machine is shared (on a loaded machine a rank may get a
+    # fifth of a CPU or less): a deep cut keeps it binding.
     percent = 60 if method == "duty-cycle" else 95
+    if method == "cgroup":
+        script = "export WORK=20000000\n" + script
     job = cluster.submit(
         script, f"slow-rank:rank=1,percent={percent},method={method}", "-N1", "-n2", "-w", "node1"
     )
@@ -546,38 +578,109 @@ def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, metho
     journal = cluster.journal("node1", job)
     if method == "duty-cycle":
         assert "signal_process" in journal
-    else:  # seen from inside the job: rank 1 ran in our cgroup, rank 0 did not
+    else:  # seen from inside the job: rank 1 ran in our cgroup inside the job's, rank 0 did not
         assert "cgroup_move" in journal
-        assert re.search(rf"RANK=1 .*CGROUP=\S*/slurm-chaos-{job}-slow-rank", out) and not re.search(
-            r"RANK=0 .*slurm-chaos", out
+        assert int(re.findall(r"RANK=1 .*THROTTLED=(\d+)", out)[0]) > 0, out  # held back by the quota
+        assert re.search(
+            rf"RANK=1 .*CGROUP=\d+:cpu:/slurm[^/]*/uid_0/job_{job}/slurm-chaos-slow-rank ", out
         ), out
+        assert not re.search(r"RANK=0 .*slurm-chaos", out), out
     assert cluster.snapshot("node1") == before
 
 
-def test_noisy_neighbour_runs_during_the_job_only(cluster: Cluster) -> None:
-    before = cluster.snapshot("node2")
-    script = f"""
-sleep 1
-{sys.executable} - <<'EOF'
-import os
-n = 0
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        env = open(f"/proc/{{pid}}/environ", "rb").read()
-        cmd = open(f"/proc/{{pid}}/cmdline", "rb").read()
-    except OSError:
-        continue
-    if b"{MARKER_ENV}=node2:" in env and cmd.startswith(b"stress-ng"):
-        n += 1
-print("STRESS", n)
+# Runs as the job's user: the task's cgroups, and the stress-ng processes of this node (their
+# cgroup paths lie inside the node's cgroup namespace, another node's start with "/..").
+LOAD_PROBE = """
+{py} - <<'EOF'
+import os, time
+job = os.environ["SLURM_JOB_ID"]
+def status(pid, key):
+    return open(f"/proc/{{pid}}/status").read().split(key + ":")[1].split()[0]
+print("JOB_CPUS", status("self", "Cpus_allowed_list"), flush=True)
+end = time.time() + 40
+seen = {{}}
+while time.time() < end and len(seen) < 2:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{{pid}}/cmdline", "rb").read()
+            cg = open(f"/proc/{{pid}}/cgroup").read().split()
+            if cmd.startswith(b"stress-ng") and not any(":/.." in line for line in cg):
+                seen[pid] = (status(pid, "Cpus_allowed_list"), ";".join(cg))
+        except (OSError, IndexError):
+            continue
+    time.sleep(0.3)
+for pid, (cpus, cg) in seen.items():
+    print("STRESS", pid, "CPUS", cpus, "CGROUPS", cg, flush=True)
 EOF
 """
-    job = cluster.submit(script, "noisy-neighbour:cpus=1", "-N1", "-w", "node2")
+
+#: The hierarchies in which Slurm 22.05 makes a job's cgroup on v1 (proctrack/cgroup, task/cgroup).
+SLURM_HIERARCHIES = ("freezer", "cpuset", "memory")
+#: Slurm's cgroup root: /slurm, or /slurm_<node> where it is built for several slurmds per host (Debian).
+SLURM_ROOT = "/slurm(?:_node\\d+)?"
+
+
+def cgroup_paths(line: str) -> dict[str, str]:
+    """'9:freezer:/a;4:memory:/b' -> {'freezer': '/a', 'memory': '/b'}."""
+    return {h: path for _, h, path in (item.split(":", 2) for item in line.split(";") if item)}
+
+
+def test_noisy_neighbour_runs_inside_the_job_on_its_cpus_only(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """As an unprivileged user's job: the load runs in the job's extern step cgroups (its cpuset,
+    its memory limit, killed with it), on the job's one core, not on every CPU of the node."""
+    user = sandbox_users["chaosok"]
+    before = cluster.snapshot("node2")
+    job = cluster.submit(
+        LOAD_PROBE.format(py=USER_PY), "noisy-neighbour:cpus=1", "-N1", "-n1", "-w", "node2", user=user
+    )
     cluster.wait_done(job, ["node2"])
     out = cluster.output(job)
-    m = re.search(r"STRESS (\d+)", out)
-    assert m and int(m.group(1)) >= 1, out
+    (job_cpus,) = re.findall(r"JOB_CPUS (\S+)", out)
+    loads = re.findall(r"STRESS (\d+) CPUS (\S+) CGROUPS (\S+)", out)
+    assert loads, out
+    assert job_cpus in ("0", "1"), out  # one core of the node's two
+    for _, cpus, line in loads:
+        assert cpus == job_cpus, out
+        paths = cgroup_paths(line)
+        for hier in SLURM_HIERARCHIES:
+            assert re.fullmatch(rf"{SLURM_ROOT}/uid_{user.uid}/job_{job}/step_extern(/.*)?", paths[hier]), out
+    assert re.search(
+        rf"freezer:{SLURM_ROOT}/uid_{user.uid}/job_{job}/step_extern", cluster.journal("node2", job)
+    )
     assert cluster.snapshot("node2") == before
+    assert not any(node_proc.cmdline(int(pid)) for pid, _, _ in loads)  # nothing it started is alive
+
+
+def test_slow_rank_cgroup_keeps_an_unprivileged_users_tasks_inside_the_job(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """The throttled rank's cgroup in every hierarchy stays under the job's (the cpu hierarchy's
+    group is a child of the job's path there), it is measurably slower, and after the job nothing
+    it started is alive and no cgroup of ours or of the job's is left."""
+    user = sandbox_users["chaosok"]
+    before = cluster.snapshot("node1")
+    script = f"export WORK=20000000\nsrun -n2 -N1 {USER_PY} {cluster.shared}/busy.py\n"
+    spec = "slow-rank:rank=1,percent=95,method=cgroup"
+    job = cluster.submit(script, spec, "-N1", "-n2", "-w", "node1", user=user)
+    cluster.wait_done(job, ["node1"])
+    out = cluster.output(job)
+    found = re.findall(r"RANK=(\d+) WALL_S=([0-9.]+) .*CGROUPS=(\S+)", out)
+    ranks = {int(r): (float(w), cgroup_paths(c)) for r, w, c in found}
+    assert set(ranks) == {0, 1}, out
+    assert ranks[1][0] / ranks[0][0] > 1.6, ranks
+    assert int(re.findall(r"RANK=1 .*THROTTLED=(\d+)", out)[0]) > 0, out  # held back by the quota
+    job_cg = f"{SLURM_ROOT}/uid_{user.uid}/job_{job}"
+    for rank, (_, paths) in ranks.items():
+        for hier in SLURM_HIERARCHIES:
+            assert re.fullmatch(rf"{job_cg}/step_0(/.*)?", paths[hier]), (rank, hier, paths)
+    assert re.fullmatch(rf"{job_cg}/slurm-chaos-slow-rank", ranks[1][1]["cpu"]), ranks
+    assert ranks[0][1]["cpu"] == "/", ranks
+    journal = cluster.journal("node1", job)
+    assert "cgroup_move" in journal and "cgroup_prune" in journal
+    assert cluster.snapshot("node1") == before
+    assert not any(f"job_{job}" in cg for cg in cluster.cgroups("node1"))
 
 
 def test_gpu_xid_reaches_the_kernel_log_and_dcgm_faults_degrade_clearly(cluster: Cluster) -> None:

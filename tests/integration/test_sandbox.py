@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
+from slurm_chaos.faults import node_proc
 from slurm_chaos.sandbox import daemons
 from slurm_chaos.sandbox.cluster import Sandbox
 from slurm_chaos.sandbox.layout import Layout
@@ -60,6 +63,59 @@ def test_sacct_sees_jobs_through_slurmdbd(sandbox) -> None:  # type: ignore[no-u
     assert f"{jid}|COMPLETED" in out
 
 
+def _job_tasks(job: str) -> dict[str, int]:
+    """{node: pid} of the running tasks of step 0 of `job` (all sandbox nodes share one PID space)."""
+    found = {}
+    for pid in node_proc.pids():
+        env = node_proc.environ(pid)
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURM_STEP_ID") == "0":
+            if Path(node_proc.cmdline(pid)[0] if node_proc.cmdline(pid) else "").name == "sleep":
+                found[env["SLURMD_NODENAME"]] = pid
+    return found
+
+
+def test_each_node_keeps_its_jobs_in_its_own_cgroup_subtree(sandbox) -> None:  # type: ignore[no-untyped-def]
+    """Slurm's cgroup plugins: a multi-node job's /slurm/uid_0/job_J is each node's own, in every
+    hierarchy Slurm manages, bound to the task's core; it is gone from every node after the job."""
+    layout = Layout.load(sandbox.name)
+    assert layout is not None
+    if not layout.cgroups:
+        pytest.skip("sandbox brought up without cgroups (SLURM_CHAOS_SANDBOX_CGROUPS=0)")
+    job = _slurm(
+        sandbox.env,
+        "sbatch",
+        "--parsable",
+        "-N4",
+        "--ntasks-per-node=1",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "srun sleep 60",
+    ).strip()
+    try:
+        wait_until(lambda: len(_job_tasks(job)) == 4, timeout=30, interval=0.2)
+        for node, pid in _job_tasks(job).items():
+            # Seen from the host: below the node's subtree; from inside the node it is /slurm/...
+            cg = dict(line.split(":", 2)[1:] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+            # Slurm's root is /slurm, or /slurm_<node> where it is built for several slurmds a host.
+            pattern = (
+                rf"/slurm-chaos-sandbox-{sandbox.name}/{node}/slurm(_{node})?/uid_0/job_{job}/step_0(/.*)?"
+            )
+            for hier in ("freezer", "cpuset", "memory"):
+                assert re.fullmatch(pattern, cg[hier]), (node, hier, cg)
+            allowed = Path(f"/proc/{pid}/status").read_text().split("Cpus_allowed_list:")[1].split()[0]
+            assert allowed in ("0", "1"), (node, allowed)  # one core of the node's two
+    finally:
+        _slurm(sandbox.env, "scancel", job)
+    tops = [
+        Path("/sys/fs/cgroup", h, f"slurm-chaos-sandbox-{sandbox.name}")
+        for h in ("freezer", "cpuset", "memory")
+    ]
+    wait_until(
+        lambda: not any(list(t.glob(f"node*/slurm*/uid_0/job_{job}")) for t in tops), timeout=60, interval=0.2
+    )
+
+
 def test_second_sandbox_up_down_is_isolated_and_leaves_nothing(sandbox, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A second, differently named sandbox comes up beside the first, under 60 s, and goes without trace."""
     name = "iso" + str(os.getpid() % 1000)
@@ -76,6 +132,8 @@ def test_second_sandbox_up_down_is_isolated_and_leaves_nothing(sandbox, tmp_path
         assert layout.ctld_port != first.ctld_port
         out = _slurm({**os.environ, **layout.env()}, "srun", "-N2", "hostname")
         assert sorted(out.split()) == ["node1", "node2"]
+        if layout.cgroups:  # Slurm's job cgroups of the second sandbox's nodes are theirs
+            assert list(Path("/sys/fs/cgroup/freezer").glob(f"slurm-chaos-sandbox-{name}/node*/slurm*"))
         pids = [daemons.read_pid(d.pidfile) for d in sb.daemons(layout)]
     finally:
         sb.down()
@@ -84,6 +142,7 @@ def test_second_sandbox_up_down_is_isolated_and_leaves_nothing(sandbox, tmp_path
     assert f"slurm-chaos-{name}-" not in netns
     links = subprocess.run(["ip", "link"], capture_output=True, text=True, check=True).stdout
     assert layout.bridge not in links
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/slurm-chaos-sandbox-{name}"))
     # The first sandbox is untouched.
     assert Sandbox(sandbox.name).is_up()
 
