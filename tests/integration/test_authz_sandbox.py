@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from nodecgroups import leftover_cgroups
 
 from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks
@@ -126,12 +127,7 @@ class Authz:
                 marked.append(p)
             if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
                 tasks.append(p)
-        # cgroup names are host-wide (other sandboxes on this machine make theirs): ours hold our tasks.
-        cgroups = sorted(
-            cg.name
-            for cg in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*")
-            if any(node_proc.ns_inode(int(p), "net") == net for p in _procs(cg))
-        )
+        cgroups = leftover_cgroups(self.root.name, node)
         deadline = time.monotonic() + 60
         while True:  # a node stays mixed/completing for a moment after its last job
             state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip().rstrip("*")
@@ -168,13 +164,6 @@ class Authz:
                 return
             time.sleep(0.3)
         raise AssertionError(f"job {job} still queued")
-
-
-def _procs(cgroup: Path) -> list[str]:
-    try:
-        return (cgroup / "cgroup.procs").read_text().split()
-    except OSError:
-        return []
 
 
 def _own_slurm_conf(user: SandboxUser, slurm_conf: Path, forge: Path) -> None:

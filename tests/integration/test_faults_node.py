@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from nodecgroups import leftover_cgroups
 
 from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.authz import SPEC_MARK
@@ -249,24 +250,7 @@ class Cluster:
         }
 
     def cgroups(self, node: str) -> list[str]:
-        """The node's cgroups that are not Slurm's standing ones: ours (slurm-chaos-*), anything in
-        the cpu hierarchy (Slurm 22.05 makes nothing there on v1) and any job's (Slurm removes a
-        job's once it ended). Each node has its subtree in every hierarchy (sandbox/cgroups.py);
-        a sandbox without cgroups had ours at the cpu hierarchy's root."""
-        out = [
-            f"cpu:/{p.name}"
-            for p in Path("/sys/fs/cgroup/cpu").glob("slurm-chaos-*")
-            if "sandbox" not in p.name
-        ]
-        for hier in sorted(Path("/sys/fs/cgroup").iterdir()):
-            base = hier / f"slurm-chaos-sandbox-{self.root.name}" / node
-            if hier.is_symlink() or not base.is_dir():
-                continue
-            for d in base.rglob("*"):
-                rel = str(d.relative_to(base))
-                if d.is_dir() and ("slurm-chaos" in rel or "job_" in rel or hier.name == "cpu"):
-                    out.append(f"{hier.name}:/{rel}")
-        return sorted(out)
+        return leftover_cgroups(self.root.name, node)
 
     def snapshots(self, nodes: Sequence[str]) -> dict[str, dict[str, object]]:
         return {n: self.snapshot(n) for n in nodes}
