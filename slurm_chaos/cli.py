@@ -30,7 +30,8 @@ def _sandbox_up(args: argparse.Namespace) -> int:
     from slurm_chaos.sandbox.cluster import Sandbox
 
     t0 = time.monotonic()
-    layout = Sandbox(args.name).up(nodes=args.nodes, install=not args.no_install)
+    cgroups = False if args.no_cgroups else None  # None: $SLURM_CHAOS_SANDBOX_CGROUPS, on by default
+    layout = Sandbox(args.name).up(nodes=args.nodes, install=not args.no_install, cgroups=cgroups)
     print(f"sandbox {layout.name}: {layout.nodes} nodes idle after {time.monotonic() - t0:.1f} s")
     print(f"export SLURM_CONF={layout.slurm_conf}")
     return 0
@@ -93,6 +94,12 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     up.add_argument("--nodes", type=int, default=4, help="number of compute nodes (default: 4)")
     up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
+    up.add_argument(
+        "--no-cgroups",
+        action="store_true",
+        help="without Slurm's cgroup plugins (proctrack/linuxproc, no task plugin); faults that must "
+        "stay inside the job's cgroup are then refused",
+    )
     down = named("down", "stop what the sandbox started and delete its namespaces and bridge", _sandbox_down)
     down.add_argument(
         "--keep-state", action="store_true", help="keep Slurm state and the accounting database"
