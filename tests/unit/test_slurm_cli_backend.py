@@ -401,20 +401,32 @@ def test_job_record_from_squeue_fields_a_user_cannot_write() -> None:
 
 
 @pytest.mark.parametrize(
-    ("job", "partition", "exclusive"),
-    [("NO", "NO", True), ("OK", "NO", False), ("OK", "EXCLUSIVE", True), ("NO", "FORCE:4", False),
-     ("USER", "YES:4", False)],
+    ("job", "partition", "others", "exclusive"),
+    [("NO", "NO", (), True), ("OK", "NO", (), False), ("OK", "EXCLUSIVE", (), True),
+     ("NO", "FORCE:4", (), False), ("USER", "YES:4", (), False), ("OK", "YES:4", (), False),
+     ("NO", "YES:4", (), True),
+     ("NO", "NO", ("8",), False), ("OK", "EXCLUSIVE", ("8",), False), ("NO", "NO", None, False)],
 )  # fmt: skip
-def test_exclusive_means_no_other_job_on_the_nodes(job: str, partition: str, exclusive: bool) -> None:
+def test_exclusive_only_as_the_controller_says_and_with_no_other_job_on_the_nodes(
+    job: str, partition: str, others: tuple[str, ...] | None, exclusive: bool
+) -> None:
+    """Slurm's words, never the CPUs the job holds: on an OverSubscribe=YES partition or an SMT node
+    declared with CPUs= only a job may hold every CPU Slurm counts and still share the node. And
+    a job another one shares a node with (a suspended one under gang scheduling) is not alone."""
+    from dataclasses import replace
+
     from slurm_chaos.slurm import parse
 
-    line = f"7|N/A|N/A|1001|alice|a|p|(null)|{job}|1|node1|(null)|\n"
+    line = f"7|N/A|N/A|1001|alice|a|p|(null)|{job}|1|node1|2026-11-30T12:00:00|Unknown|(null)|\n"
     rec = parse.parse_job_records(line, {"p": partition})["7"]
+    assert rec.other_jobs is None and not rec.exclusive  # nobody asked who else is on node1
+    rec = replace(rec, other_jobs=others)
     assert rec.exclusive is exclusive and rec.reservation == "" and rec.admin_comment == ""
+    assert rec.end_time is None and rec.submit_time is not None
 
 
 def test_admin_comment_may_hold_the_separator() -> None:
     from slurm_chaos.slurm import parse
 
-    line = "7|N/A|N/A|0|root|a|p|r|NO|1|node1|slurm-chaos=x|y|\n"
+    line = "7|N/A|N/A|0|root|a|p|r|NO|1|node1|2026-11-30T12:00:00|2026-11-30T13:00:00|slurm-chaos=x|y|\n"
     assert parse.parse_job_records(line, {})["7"].admin_comment == "slurm-chaos=x|y"
