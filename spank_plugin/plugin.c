@@ -392,6 +392,8 @@ static int remote_policy(spank_t sp, const struct step_ids *ids)
 		return refuse(ids, "the grant on this node is for another job or user");
 	if (grant.refused)
 		return refuse(ids, grant.why);
+	if (chaos_grant_current(&grant, (long long)time(NULL), err, sizeof(err)))
+		return refuse(ids, err);
 	chaos_grant_facts(&grant, &f);
 	if (chaos_policy_check(&policy, &f, 1, err, sizeof(err)))
 		return refuse(ids, err);
