@@ -43,6 +43,7 @@ max_nodes = 4
 job_interface = "ib0"
 """
 
+BAD_IFACE = "expected a quoted network interface name"
 MALFORMED = {
     "": "policy: 'version = 1' missing or another version",
     "version = 2\n": "policy: 'version = 1' missing or another version",
@@ -59,17 +60,10 @@ MALFORMED = {
     'version = 1\nallow_users = ["é"]\n': "policy line 2: control or non-ASCII character",
     "version = 1\n[section]\n": "policy line 2: expected KEY = VALUE",
     "Version = 1\n": "policy line 1: expected KEY = VALUE",
-    "version = 1\njob_interface = eth0\n": "policy line 2: job_interface: expected a quoted network interface name",
-    'version = 1\njob_interface = ""\n': "policy line 2: job_interface: expected a quoted network interface name",
-    'version = 1\njob_interface = "eth0 "\n': "policy line 2: job_interface: expected a quoted network interface name",
-    'version = 1\njob_interface = "a234567890123456"\n': (
-        "policy line 2: job_interface: expected a quoted network interface name"
-    ),
-    'version = 1\njob_interface = ".."\n': "policy line 2: job_interface: expected a quoted network interface name",
-    'version = 1\njob_interface = "e/0"\n': "policy line 2: job_interface: expected a quoted network interface name",
-    'version = 1\njob_interface = ["eth0"]\n': (
-        "policy line 2: job_interface: expected a quoted network interface name"
-    ),
+    **{
+        f"version = 1\njob_interface = {value}\n": f"policy line 2: job_interface: {BAD_IFACE}"
+        for value in ("eth0", '""', '"eth0 "', '"a234567890123456"', '".."', '"e/0"', '["eth0"]')
+    },
     'version = 1\njob_interface = "a"\njob_interface = "b"\n': "policy line 3: job_interface: given twice",
 }
 
