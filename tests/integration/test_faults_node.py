@@ -602,17 +602,18 @@ def test_gpu_faults_on_a_node_where_the_job_holds_no_gpu_are_refused(cluster: Cl
 def test_stale_leftovers_are_reverted_in_the_epilog_of_a_job_without_faults(cluster: Cluster) -> None:
     """A journal whose deadline passed and an expired grant (a node that lost an epilog) are undone
     by the next job's epilog on the node, whatever that job is."""
-    stale = Journal(cluster.journal_root, "node2", "999001")
+    lost = 900_000_000 + uuid.uuid4().int % 50_000_000  # job ids no sandbox reaches
+    stale = Journal(cluster.journal_root, "node2", str(lost))
     marker = cluster.shared / f"undone-{uuid.uuid4().hex[:6]}"
     stale.record("netem", "a change left behind", Undo(argv=("touch", str(marker))), time.time() - 1)
-    grant = cluster.journal_root / "node2" / "999002.grant"
-    grant.write_text("job=999002\nuid=0\nspec=netem:rate=1M\nuntil=1\n")
+    grant = cluster.journal_root / "node2" / f"{lost + 1}.grant"
+    grant.write_text(f"job={lost + 1}\nuid=0\nspec=netem:rate=1M\nuntil=1\n")
     grant.chmod(0o600)
     job = cluster.submit("true\n", None, "-N1", "-w", "node2")
     cluster.wait_state(job, {"", "COMPLETED"})
     wait_until(lambda: not stale.read().pending() and not grant.exists(), timeout=60)
     assert marker.exists()
-    assert "cleanup (deadline passed)" in cluster.journal("node2", "999001")
+    assert "cleanup (deadline passed)" in cluster.journal("node2", str(lost))
 
 
 SLEEP_SPEC = "netem:rate=1M+slow-rank:rank=0,percent=50+noisy-neighbour:cpus=1+ckpt-full:path={ckpt}"
