@@ -101,6 +101,8 @@ class Safety:
     allowed_checkpoint_roots: tuple[str, ...] = ()
     allow_arrays: bool = False
     allow_het_jobs: bool = False
+    #: The one interface netem may shape (the job traffic's); None: netem is refused.
+    job_interface: str | None = None
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         allowed_checkpoint_roots=_checkpoint_roots(path, d),
         allow_arrays=d["safety"].get("allow_arrays", False),
         allow_het_jobs=d["safety"].get("allow_het_jobs", False),
+        job_interface=d["safety"].get("job_interface"),
     )
     for i, part in enumerate(safety.allowed_partitions):
         if part not in partitions:

@@ -29,7 +29,8 @@ static uint64_t next(void)
 static const char *const pieces[] = {
 	"+", ":", ",", "=", "%", "ms", "s", "m", "h", "K", "Ki", "G", "B", ".", "-", "0", "1", "99",
 	"100", "4096", "123456789012345678901", "on", "off", "/ckpt", "*", "\n", "0-3", "1,2",
-	"allow_users=", "journal_dir=/x", "require_exclusive=1", " ",
+	"allow_users=", "journal_dir=/x", "require_exclusive=1", " ", "job_interface=\"eth0\"",
+	"until=", "submit=",
 };
 
 static size_t build_input(uint8_t *buf, size_t cap)

@@ -5,9 +5,9 @@
  * the plugstack.conf argument policy= (policy.h); the plugstack.conf line carries paths only.
  *
  * Dispatch on spank_context():
- *   local/allocator (srun, sbatch, salloc): validate the SPEC and check the policy with what is
- *     known here (advisory: this runs in the user's own process), refusing with a clear message
- *     before anything is submitted; pass the canonical SPEC as SLURM_CHAOS_SPEC in the job's
+ *   local/allocator (srun, sbatch, salloc): validate the SPEC and check the policy for the user
+ *     (advisory: this runs in the user's own process, so nothing from its environment decides),
+ *     refusing with a clear message before anything is submitted; pass the canonical SPEC as SLURM_CHAOS_SPEC in the job's
  *     SPANK environment, where slurmctld's job_submit.lua decides on it and records it.
  *   remote (slurmstepd, as root): act only on a grant the prolog wrote for this job on this node
  *     (<journal_dir>/<node>/<job>.grant, from slurmd's and slurmctld's facts), for this very SPEC,
@@ -392,6 +392,8 @@ static int remote_policy(spank_t sp, const struct step_ids *ids)
 		return refuse(ids, "the grant on this node is for another job or user");
 	if (grant.refused)
 		return refuse(ids, grant.why);
+	if (chaos_grant_current(&grant, (long long)time(NULL), err, sizeof(err)))
+		return refuse(ids, err);
 	chaos_grant_facts(&grant, &f);
 	if (chaos_policy_check(&policy, &f, 1, err, sizeof(err)))
 		return refuse(ids, err);
@@ -662,15 +664,11 @@ static int local_post_opt(spank_t sp)
 	f.uid = getuid();
 	f.user = user_name(f.uid, pwbuf, sizeof(pwbuf));
 	/*
-	 * srun inside an allocation launches a step of that job: its SLURM_JOB_* are the job's, as
-	 * far as the user's environment tells. This check only saves a doomed submission; slurmctld
-	 * and the nodes decide from their own facts.
+	 * Only what the user cannot forge decides, even here: account, partition and reservation are
+	 * left unknown (never SLURM_JOB_* from the user's environment), so this check only saves a
+	 * submission the policy refuses for its user. slurmctld's job_submit.lua decides on the
+	 * job's real account, partition and reservation, and in slurmstepd the prolog's grant does.
 	 */
-	if (spank_context() == S_CTX_LOCAL && getenv("SLURM_JOB_ID")) {
-		f.account = getenv("SLURM_JOB_ACCOUNT");
-		f.partition = getenv("SLURM_JOB_PARTITION");
-		f.reservation = getenv("SLURM_JOB_RESERVATION");
-	}
 	if (chaos_policy_check(&policy, &f, 0, err, sizeof(err))) {
 		slurm_error(PFX "refused --chaos=%s: %s", spec_text, err);
 		return -1;

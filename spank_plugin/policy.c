@@ -85,7 +85,7 @@ static long read_root_file(const char *what, const char *path, char *buf, size_t
 
 /* --- the policy file ------------------------------------------------------------------------ */
 
-enum kind { K_LIST, K_BOOL, K_INT };
+enum kind { K_LIST, K_BOOL, K_INT, K_STR };
 
 static const struct {
 	const char *name;
@@ -94,6 +94,7 @@ static const struct {
 	{ "allow_users", K_LIST },       { "allow_accounts", K_LIST },   { "allow_partitions", K_LIST },
 	{ "allow_reservations", K_LIST }, { "require_exclusive", K_BOOL }, { "allow_arrays", K_BOOL },
 	{ "allow_het_jobs", K_BOOL },     { "version", K_INT },          { "max_nodes", K_INT },
+	{ "job_interface", K_STR },
 };
 #define NKEYS (sizeof(keys) / sizeof(keys[0]))
 
@@ -198,6 +199,31 @@ static int parse_flag(const char *key, const char *s, const char *e, int *out, c
 	return 0;
 }
 
+static int iface_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+	       c == '.' || c == '-';
+}
+
+/* A quoted network interface name (policy.py IFACE_RE): 1 to 15 characters, not "." or "..". */
+static int parse_iface(const char *key, const char *s, const char *e, char *out, char *why, size_t whylen)
+{
+	size_t n = (size_t)(e - s);
+	int good = n >= 3 && *s == '"' && e[-1] == '"' && n - 2 < CHAOS_IFACE_MAX;
+
+	for (const char *c = s + 1; good && c < e - 1; c++)
+		good = iface_char(*c);
+	if (good && ((n == 3 && s[1] == '.') || (n == 4 && s[1] == '.' && s[2] == '.')))
+		good = 0;
+	if (!good) {
+		fmt(why, whylen, "%s: expected a quoted network interface name", key);
+		return -1;
+	}
+	memcpy(out, s + 1, n - 2);
+	out[n - 2] = '\0';
+	return 0;
+}
+
 static struct chaos_list *list_of(struct chaos_policy *p, const char *key)
 {
 	if (!strcmp(key, "allow_users"))
@@ -258,6 +284,8 @@ static int parse_line(struct chaos_policy *p, const char *s, const char *e, unsi
 		return parse_list(key, vs, ve, list_of(p, key), why, whylen);
 	case K_BOOL:
 		return parse_flag(key, vs, ve, flag_of(p, key), why, whylen);
+	case K_STR:
+		return parse_iface(key, vs, ve, p->job_interface, why, whylen);
 	default:
 		return parse_number(key, vs, ve, !strcmp(key, "version") ? version : &p->max_nodes, why, whylen);
 	}
@@ -350,8 +378,9 @@ int chaos_policy_describe(const struct chaos_policy *p, char *buf, size_t len)
 		if (describe_list(ls[i], lists[i], sizeof(lists[i])))
 			return -1;
 	n = snprintf(buf, len, "users=%s accounts=%s partitions=%s reservations=%s exclusive=%d arrays=%d "
-		     "het=%d max_nodes=%ld", lists[0], lists[1], lists[2], lists[3], p->require_exclusive,
-		     p->allow_arrays, p->allow_het_jobs, p->max_nodes);
+		     "het=%d max_nodes=%ld job_interface=%s", lists[0], lists[1], lists[2], lists[3],
+		     p->require_exclusive, p->allow_arrays, p->allow_het_jobs, p->max_nodes,
+		     p->job_interface[0] ? p->job_interface : "-");
 	return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
@@ -511,6 +540,15 @@ static int grant_field(struct chaos_grant *g, const char *k, size_t klen, const 
 	}
 	if (KEY("spec"))
 		return copy_value(g->spec, sizeof(g->spec), s, e);
+	if (KEY("submit") || KEY("until")) {
+		long long *out = KEY("submit") ? &g->submit : &g->until;
+
+		if (s == e) {
+			*out = -1;
+			return 0;
+		}
+		return digits(s, e, out);
+	}
 	if (KEY("refused")) {
 		g->refused = 1;
 		return copy_value(g->why, sizeof(g->why), s, e);
@@ -528,6 +566,7 @@ int chaos_grant_parse(const char *text, size_t len, struct chaos_grant *g, char 
 	g->uid = -1;
 	g->exclusive = g->array = g->het = -1;
 	g->nodes = -1;
+	g->submit = g->until = -1;
 	if (!text || len > CHAOS_GRANT_MAX) {
 		fmt(err, errlen, "grant: larger than %d bytes", CHAOS_GRANT_MAX);
 		return -1;
@@ -562,6 +601,21 @@ int chaos_grant_load(const char *path, struct chaos_grant *g, char *err, size_t 
 		return -1;
 	}
 	return chaos_grant_parse(buf, (size_t)n, g, err, errlen);
+}
+
+int chaos_grant_current(const struct chaos_grant *g, long long now, char *err, size_t errlen)
+{
+	if (g->until < 0) {
+		fmt(err, errlen, "the grant has no end (until=): written by an older prolog; the job's next "
+		    "run decides again");
+		return -1;
+	}
+	if (now > g->until) {
+		fmt(err, errlen, "the grant expired %lld s ago (until=%lld): it was written for an earlier run "
+		    "of this job id", now - g->until, g->until);
+		return -1;
+	}
+	return 0;
 }
 
 void chaos_grant_facts(const struct chaos_grant *g, struct chaos_job_facts *f)

@@ -12,7 +12,10 @@
  * The grant file (<journal_dir>/<node>/<job>.grant, mode 0600, root's) is the prolog's decision
  * for one job on this node, made from what slurmd and slurmctld say about the job: key=value
  * lines (job, uid, user, account, partition, reservation, exclusive, array, het, nodes, spec,
- * and refused when it was refused). slurmstepd applies task-level faults only for a grant.
+ * submit, until, and refused when it was refused). slurmstepd applies task-level faults only for
+ * a grant that has not expired: `until` (epoch seconds) is the job's end by its time limit (or
+ * the hooks' bounded default), so a grant left behind (a lost epilog, a job id that slurmctld
+ * hands out again after its state was reset) grants nothing past the job it was written for.
  */
 #ifndef SLURM_CHAOS_POLICY_H
 #define SLURM_CHAOS_POLICY_H
@@ -25,6 +28,7 @@
 #define CHAOS_NAME_MAX 128      /* one user/account/partition/reservation name, NUL included */
 #define CHAOS_GRANT_MAX 8192    /* bytes of a grant file (authz.py MAX_GRANT_BYTES) */
 #define CHAOS_GRANT_SPEC_MAX 4096
+#define CHAOS_IFACE_MAX 16      /* a network interface name, NUL included (IFNAMSIZ) */
 
 /* A name in a list: points into the policy's own copy of the file. */
 struct chaos_name {
@@ -42,6 +46,7 @@ struct chaos_policy {
 	struct chaos_list users, accounts, partitions, reservations;
 	int require_exclusive, allow_arrays, allow_het_jobs;
 	long max_nodes;                 /* -1: no limit */
+	char job_interface[CHAOS_IFACE_MAX];    /* "": not set (netem is refused) */
 	char store[CHAOS_POLICY_MAX + 1];
 };
 
@@ -89,6 +94,7 @@ struct chaos_grant {
 	int exclusive, array, het;      /* -1 unknown */
 	long nodes;                     /* -1 unknown */
 	char spec[CHAOS_GRANT_SPEC_MAX + 1];
+	long long submit, until;        /* epoch seconds; -1 unknown */
 	int refused;
 	char why[1024];                 /* the prolog's reason when refused */
 };
@@ -98,6 +104,9 @@ int chaos_grant_parse(const char *text, size_t len, struct chaos_grant *g, char 
 
 /* Open (no symlink), check root-owned and writable by nobody else, parse. */
 int chaos_grant_load(const char *path, struct chaos_grant *g, char *err, size_t errlen);
+
+/* Is the grant still valid at `now`? 0, or -1 with the reason in err (no `until`: refused). */
+int chaos_grant_current(const struct chaos_grant *g, long long now, char *err, size_t errlen);
 
 /* The grant's facts, pointing into g. */
 void chaos_grant_facts(const struct chaos_grant *g, struct chaos_job_facts *f);

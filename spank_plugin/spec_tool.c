@@ -99,9 +99,9 @@ static int policy_modes(const char *mode, int nops, char **ops)
 			printf("%s\n", out);
 		} else {
 			printf("job=%s uid=%lld user=%s account=%s partition=%s reservation=%s exclusive=%d "
-			       "array=%d het=%d nodes=%ld spec=%s refused=%s\n", g.job, g.uid, g.user, g.account,
-			       g.partition, g.reservation, g.exclusive, g.array, g.het, g.nodes, g.spec,
-			       g.refused ? g.why : "-");
+			       "array=%d het=%d nodes=%ld spec=%s submit=%lld until=%lld refused=%s\n", g.job, g.uid,
+			       g.user, g.account, g.partition, g.reservation, g.exclusive, g.array, g.het, g.nodes,
+			       g.spec, g.submit, g.until, g.refused ? g.why : "-");
 		}
 		return 0;
 	}

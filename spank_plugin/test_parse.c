@@ -92,7 +92,8 @@ static void test_values(void)
 	CHECK(chaos_parse_spec("netem:delay=250ms+nccl-degrade:ib=off", &spec, err, sizeof(err)) == 0);
 	r = chaos_find(&spec, "netem");
 	CHECK(r && (v = chaos_get(r, "delay")) && v->num == 0.25 && v->given);
-	CHECK(r && (v = chaos_get(r, "iface")) && !strcmp(v->text, "eth0") && !v->given);
+	CHECK(r && (v = chaos_get(r, "jitter")) && v->num == 0 && !v->given);   /* a default */
+	CHECK(r && chaos_get(r, "iface") == NULL);      /* the site names the interface, not the job */
 	CHECK(r && chaos_get(r, "rate") == NULL);               /* unset, no default */
 	CHECK(r && chaos_get(r, "nope") == NULL);
 	r = chaos_find(&spec, "nccl-degrade");
@@ -106,7 +107,8 @@ static void test_errors(void)
 {
 	bad("", "empty SPEC");
 	bad("bogus", "unknown fault 'bogus' (known: numa-mismatch, ");
-	bad("netem:bogus=1", "netem: unknown key 'bogus' (keys: iface, delay, jitter, loss, rate)");
+	bad("netem:bogus=1", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate)");
+	bad("netem:iface=lo", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate)");
 	bad("netem:delay", "netem: 'delay' is not KEY=VALUE");
 	bad("netem:", "netem: no KEY=VALUE after ':'");
 	bad("netem:delay=1s,", "netem: '' is not KEY=VALUE");
@@ -121,8 +123,8 @@ static void test_errors(void)
 	bad("netem:rate=0", "(below the minimum 1)");
 	bad("netem:rate=2T", "(above the maximum 1T)");
 	bad("netem:rate=9999999P", "(byte count too large)");
-	bad("netem:iface=eth 0", "(expected letters, digits or _ . / @ % : -)");
-	bad("netem:iface=", "(expected letters, digits or _ . / @ % : -)");
+	bad("rack-loss:switch=sw 1", "(expected letters, digits or _ . / @ % : -)");
+	bad("rack-loss:switch=", "(expected letters, digits or _ . / @ % : -)");
 	bad("slow-rank:rank=-1", "(below the minimum 0)");
 	bad("slow-rank:rank=1.5", "(expected an integer)");
 	bad("slow-rank:rank=1234567890123456789", "(expected an integer)");
@@ -212,7 +214,13 @@ static void test_policy_file(void)
 	CHECK(pol.users.n == 3 && pol.partitions.set && pol.partitions.n == 0 && !pol.require_exclusive);
 	CHECK(chaos_policy_describe(&pol, d, sizeof(d)) == 0);
 	CHECK(!strcmp(d, "users=root,alice,1002 accounts=- partitions= reservations=- exclusive=0 arrays=1 "
-		      "het=0 max_nodes=4"));
+		      "het=0 max_nodes=4 job_interface=-"));
+	CHECK(policy_ok("version = 1\njob_interface = \"bond0.100\"\n") && !strcmp(pol.job_interface, "bond0.100"));
+	CHECK(policy_ok("version = 1\njob_interface = \"a23456789012345\"\n"));
+	CHECK(policy_bad("version = 1\njob_interface = \"a234567890123456\"\n", "expected a quoted network interface"));
+	CHECK(policy_bad("version = 1\njob_interface = \"..\"\n", "expected a quoted network interface"));
+	CHECK(policy_bad("version = 1\njob_interface = \"e/0\"\n", "expected a quoted network interface"));
+	CHECK(policy_bad("version = 1\njob_interface = eth0\n", "expected a quoted network interface"));
 	CHECK(policy_bad("", "'version = 1' missing"));
 	CHECK(policy_bad("version = 2\n", "'version = 1' missing"));
 	CHECK(policy_bad("version = 1\nmax_nodes = 0\n", "max_nodes: must be 1 or more"));
@@ -314,6 +322,17 @@ static void test_grant(void)
 	CHECK(chaos_grant_parse("job=x1\nuid=0\nspec=x\n", 19, &g, e, sizeof(e)) == -1);
 	CHECK(chaos_grant_parse("job=1\nuid=0\nspec=x\nbogus=1\n", 27, &g, e, sizeof(e)) == -1 && strstr(e, "line 4"));
 	CHECK(chaos_grant_parse("job=1\nuid=0\nspec=x\nexclusive=2\n", 31, &g, e, sizeof(e)) == -1);
+	/* A grant holds until its job's end: one left behind grants a reused job id nothing. */
+	CHECK(chaos_grant_parse(good, strlen(good), &g, e, sizeof(e)) == 0 && g.submit == -1 && g.until == -1);
+	CHECK(chaos_grant_current(&g, 1000, e, sizeof(e)) == -1 && strstr(e, "no end"));
+	const char *timed = "job=42\nuid=1001\nspec=netem\nsubmit=1700000000\nuntil=1700003600\n";
+	CHECK(chaos_grant_parse(timed, strlen(timed), &g, e, sizeof(e)) == 0 && g.submit == 1700000000 &&
+	      g.until == 1700003600);
+	CHECK(chaos_grant_current(&g, 1700003600, e, sizeof(e)) == 0);
+	CHECK(chaos_grant_current(&g, 1700003601, e, sizeof(e)) == -1 && strstr(e, "expired 1 s ago"));
+	const char *negative = "job=1\nuid=0\nspec=x\nuntil=-5\n", *empty = "job=1\nuid=0\nspec=x\nuntil=\n";
+	CHECK(chaos_grant_parse(negative, strlen(negative), &g, e, sizeof(e)) == -1);
+	CHECK(chaos_grant_parse(empty, strlen(empty), &g, e, sizeof(e)) == 0 && g.until == -1);
 }
 
 static void test_root_files(void)

@@ -47,7 +47,11 @@ from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.hostlist import expand_hostlist
 from slurm_chaos.runner import Runner, SubprocessRunner
 
-DEFAULT_DEADLINE_S = 24 * 3600.0
+#: The watchdog's deadline when the prolog learnt no end time from slurmctld (a job without a
+#: time limit): bounded, so that faults never outlive a lost epilog and an unreachable controller
+#: by long. A known end time counts up to MAX_DEADLINE_S.
+DEFAULT_DEADLINE_S = 4 * 3600.0
+MAX_DEADLINE_S = 7 * 86400.0
 #: How often the watchdog asks the controller whether the job still runs; every node of the job
 #: asks, so big jobs ask less often (one query per node per JOB_CHECK_NODES_PER_S nodes seconds).
 JOB_CHECK_EVERY_S = 15.0
@@ -327,6 +331,8 @@ def apply(
     log_file: Path | None = None,
     foreground: bool = False,
     ckpt_roots: Sequence[str] = (),
+    job_interface: str | None = None,
+    gpus: Sequence[int] = (),
 ) -> ApplyResult:
     """Apply the node-level faults of `spec` for one job on this node (see the module docstring)."""
     requests, others = node_requests(spec)
@@ -349,6 +355,8 @@ def apply(
         runner,
         log_file=log_file,
         ckpt_roots=tuple(ckpt_roots),
+        job_interface=job_interface,
+        gpus=tuple(gpus),
     )
     slurmd = node_proc.find_ancestor(os.getpid(), "slurmd") or os.getpid()
     journal.write_header(ctx.deadline, slurmd)
@@ -433,6 +441,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="an allowed checkpoint root: ckpt-full acts only below one (repeatable; none: it refuses)",
     )
+    a.add_argument(
+        "--job-interface", default=None, help="the one interface netem may shape (none: it refuses)"
+    )
+    a.add_argument(
+        "--gpus", default="", help="the job's GPUs on this node, as SLURM_JOB_GPUS (none: GPU faults refuse)"
+    )
     u = sub.add_parser("undo", help="stop the job's agent and revert its journal on this node")
     u.add_argument("--job", required=True)
     u.add_argument("--node", required=True)
@@ -471,6 +485,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
                 log_file=args.log_file,
                 foreground=args.foreground,
                 ckpt_roots=args.ckpt_root,
+                job_interface=args.job_interface,
+                gpus=node_gpu.parse_job_gpus(args.gpus),
             )
             log.info(
                 "job %s on %s: applied [%s], failed [%s], left to others [%s], agent %s %s",

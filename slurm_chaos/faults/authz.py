@@ -16,6 +16,12 @@ their own plugstack.conf): a user can set ``SPANK_SLURM_CHAOS_SPEC`` for any job
 Each decision on a job with a SPEC is appended to the root-owned audit log, and written to the
 job's grant file on this node, ``<journal root>/<node>/<job>.grant``, for the SPANK plugin: in
 slurmstepd it applies task-level faults only to the SPEC the prolog granted (``policy.c``).
+
+A grant holds for one run of one job: the prolog removes any grant of its job id before it
+decides (a job id slurmctld hands out again after its state was reset finds none), the epilog
+removes it, and it records the job's submit time and an ``until`` time (the job's end by its
+time limit, or the hooks' bounded default) after which the plugin refuses it and cleanup
+removes it.
 """
 
 from __future__ import annotations
@@ -50,6 +56,11 @@ class Decision:
     facts: JobFacts
     nodes: tuple[str, ...]
     refused: str | None = None
+    #: The one interface netem may shape (the policy's job_interface).
+    job_interface: str | None = None
+    #: The job's submit time and the end its time limit sets (epoch seconds; None: not known).
+    submit: float | None = None
+    end: float | None = None
 
     @property
     def granted(self) -> bool:
@@ -102,11 +113,20 @@ def decide(
         het=record.het or bool(env.get("SLURM_HET_JOB_ID")),
         nodes=record.num_nodes,
     )
-    decision = Decision(job_id, node, spec, facts, record.nodes)
+    decision = Decision(
+        job_id,
+        node,
+        spec,
+        facts,
+        record.nodes,
+        job_interface=policy.job_interface,
+        submit=record.submit_time.timestamp() if record.submit_time else None,
+        end=record.end_time.timestamp() if record.end_time else None,
+    )
     if record.user_id != who.uid:
         return _refuse(decision, f"slurmd says uid {who.uid}, slurmctld says {record.user_id}")
     try:
-        decision = Decision(job_id, node, canonical_spec(spec), facts, record.nodes)
+        decision = replace(decision, spec=canonical_spec(spec))
     except SpecError as exc:
         return _refuse(decision, str(exc))
     why = refusal(policy, facts)
@@ -156,11 +176,15 @@ def _node_dirs(journal_root: Path, node: str) -> list[Path]:
     return [journal_root / n for n in dict.fromkeys((node, host)) if n and "/" not in n]
 
 
-def grant_text(decision: Decision) -> str:
-    """The grant file: ``key=value`` lines the plugin's C reader parses (see policy.c)."""
+def grant_text(decision: Decision, until: float) -> str:
+    """The grant file: ``key=value`` lines the plugin's C reader parses (see policy.c); it holds
+    until `until` (epoch seconds)."""
     f = decision.facts
 
     def flag(value: bool | None) -> str:
+        return "" if value is None else str(int(value))
+
+    def epoch(value: float | None) -> str:
         return "" if value is None else str(int(value))
 
     lines = {
@@ -175,6 +199,8 @@ def grant_text(decision: Decision) -> str:
         "het": flag(f.het),
         "nodes": "" if f.nodes is None else str(f.nodes),
         "spec": decision.spec,
+        "submit": epoch(decision.submit),
+        "until": epoch(until),
     }
     if decision.refused:
         lines["refused"] = decision.refused
@@ -182,8 +208,9 @@ def grant_text(decision: Decision) -> str:
     return text.encode()[:MAX_GRANT_BYTES].decode(errors="ignore")
 
 
-def write_grant(journal_root: Path, decision: Decision) -> list[Path]:
-    """Write the job's grant file on this node (mode 0600, atomically); returns the paths."""
+def write_grant(journal_root: Path, decision: Decision, until: float) -> list[Path]:
+    """Write the job's grant file on this node (mode 0600, atomically), valid until `until`;
+    returns the paths."""
     written = []
     for node_dir in _node_dirs(journal_root, decision.node):
         node_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -192,7 +219,7 @@ def write_grant(journal_root: Path, decision: Decision) -> list[Path]:
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, grant_text(decision).encode())
+            os.write(fd, grant_text(decision, until).encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -208,7 +235,36 @@ def remove_grant(journal_root: Path, node: str, job_id: str) -> list[Path]:
         return removed
     for node_dir in _node_dirs(journal_root, node):
         path = node_dir / f"{job_id}{GRANT_SUFFIX}"
-        if path.is_file() and not path.is_symlink():
+        if path.is_symlink() or path.is_file():
             path.unlink()
             removed.append(path)
     return removed
+
+
+def read_grant(path: Path) -> dict[str, str]:
+    """A grant file's ``key=value`` lines (no symlink, at most MAX_GRANT_BYTES); OSError if unreadable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        text = os.read(fd, MAX_GRANT_BYTES).decode(errors="replace")
+    finally:
+        os.close(fd)
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def expired_grants(journal_root: Path, nodes: list[str] | None, now: float, default_s: float) -> list[Path]:
+    """Grant files past their ``until`` (one without it, or unreadable: older than `default_s`)."""
+    out: list[Path] = []
+    if not journal_root.is_dir():
+        return out
+    for node_dir in sorted(p for p in journal_root.iterdir() if p.is_dir() and not p.is_symlink()):
+        if nodes is not None and node_dir.name not in nodes:
+            continue
+        for path in sorted(node_dir.glob(f"*{GRANT_SUFFIX}")):
+            try:
+                until = read_grant(path).get("until", "")
+                mtime = path.lstat().st_mtime
+            except OSError:
+                until, mtime = "", 0.0
+            if (float(until) if until.isdigit() else mtime + default_s) < now:
+                out.append(path)
+    return out

@@ -10,12 +10,14 @@ only host-wide changes (processes, cgroups) remain to undo.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
+from slurm_chaos.faults.authz import GRANT_SUFFIX, expired_grants
 from slurm_chaos.faults.journal import Header, Journal, Reverted, State, UndoContext, journals, revert
 from slurm_chaos.runner import Completed, Runner
 
@@ -124,18 +126,27 @@ def stale_reason(state: State, job_running: bool | None, now: float) -> str | No
     return None
 
 
+#: Written by the epilog when a node holds nothing pending: its hook script runs Python for a job
+#: without faults only when a journal or grant is newer than this file.
+TIDY_NAME = ".tidy"
+#: How long a grant without an ``until`` (written before grants had one) may stay.
+GRANT_DEFAULT_S = 4 * 3600.0
+
+
 def cleanup(
     journal_root: Path,
     nodes: list[str] | None,
     runner: Runner,
     job_running: JobProbe | None = None,
     now: float | None = None,
+    grant_default_s: float = GRANT_DEFAULT_S,
 ) -> list[str]:
-    """Revert stale journals under `journal_root` (of `nodes` only, if given); returns what was reverted.
+    """Revert stale journals under `journal_root` (of `nodes` only, if given) and remove expired
+    grants; returns what was done.
 
     A journal is stale when its deadline passed, its job ended (asked with squeue unless
     `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too,
-    prefixed 'FAILED:', and stay pending for the next run.
+    prefixed 'FAILED:', and stay pending for the next run. A grant expires at its ``until``.
     """
     probe = job_running or squeue_probe(runner)
     t = time.time() if now is None else now
@@ -150,7 +161,44 @@ def cleanup(
         result = revert_journal(journal, runner, by=f"cleanup ({reason})")
         out += [f"{line} [{reason}]" for line in result.undone]
         out += [f"FAILED: {line}" for line in result.failed]
+    expired = expired_grants(journal_root, nodes, t, grant_default_s)
+    for path in grant_files(journal_root, nodes):
+        job_id = path.name[: -len(GRANT_SUFFIX)]
+        reason = "expired" if path in expired else "job no longer running" if probe(job_id) is False else None
+        if reason:
+            path.unlink(missing_ok=True)
+            out.append(f"grant {path} removed [{reason}]")
     return out
+
+
+def grant_files(journal_root: Path, nodes: list[str] | None) -> list[Path]:
+    """Every grant file under `journal_root` (of `nodes` only, if given)."""
+    return [
+        p for node_dir in _node_dirs(journal_root, nodes) for p in sorted(node_dir.glob(f"*{GRANT_SUFFIX}"))
+    ]
+
+
+def _node_dirs(journal_root: Path, nodes: list[str] | None) -> list[Path]:
+    if not journal_root.is_dir():
+        return []
+    dirs = sorted(p for p in journal_root.iterdir() if p.is_dir() and not p.is_symlink())
+    return [d for d in dirs if nodes is None or d.name in nodes]
+
+
+def mark_tidy(journal_root: Path, node: str) -> bool:
+    """Stamp the node's directory as holding nothing pending and no grant (the epilog's shortcut
+    for later jobs); returns whether it was stamped."""
+    node_dir = journal_root / node
+    if "/" in node or not node_dir.is_dir() or node_dir.is_symlink():
+        return False
+    if any(node_dir.glob(f"*{GRANT_SUFFIX}")) or any(
+        j.read().pending() for j in journals(journal_root, [node])
+    ):
+        return False
+    fd = os.open(node_dir / TIDY_NAME, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    os.utime(node_dir / TIDY_NAME, follow_symlinks=False)
+    return True
 
 
 def revert_journal(journal: Journal, runner: Runner, by: str, skip_pid: int | None = None) -> Reverted:

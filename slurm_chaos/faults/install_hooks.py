@@ -26,6 +26,7 @@ from pathlib import Path
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
 from slurm_chaos.faults.authz import DEFAULT_AUDIT_LOG, GRANT_SUFFIX
+from slurm_chaos.faults.cleanup import TIDY_NAME
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME
 from slurm_chaos.resources import import_root
@@ -40,14 +41,23 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # The prolog's shortcut (a few microseconds of shell for most jobs): Python runs only when a
 # root-owned policy exists and names the job's user (or uid, or "*"), or the job is root's.
 # SLURM_JOB_UID and SLURM_JOB_USER come from slurmd. The Python side decides; this only skips.
+# The epilog's: Python runs for the job's own journal or grant, and for any job while the node
+# holds a journal or grant newer than its last tidy state (cleanup.TIDY_NAME), so that stale
+# leftovers are reverted in the epilog of whatever job runs next, not only of a chaos job.
 _GUARD = {
     "prolog": """[ -f {policy} ] && [ -O {policy} ] || exit 0
 if [ "${{SLURM_JOB_UID:-x}}" != 0 ]; then
   grep -qF -e "\\"${{SLURM_JOB_USER:-/}}\\"" -e "\\"${{SLURM_JOB_UID:-/}}\\"" -e '"*"' {policy} || exit 0
 fi""",
-    "epilog": """case "${{SLURM_JOB_ID:-x}}" in *[!0-9]*|"") exit 0 ;; esac
+    "epilog": r"""case "${{SLURM_JOB_ID:-x}}" in *[!0-9]*|"") exit 0 ;; esac
 node_dir={journal_root}/"${{SLURMD_NODENAME:-none}}"
-[ -e "$node_dir/$SLURM_JOB_ID.jsonl" ] || [ -e "$node_dir/$SLURM_JOB_ID{grant}" ] || exit 0""",
+[ -d "$node_dir" ] || exit 0
+own="$node_dir/$SLURM_JOB_ID"
+if [ ! -e "$own.jsonl" ] && [ ! -e "$own{grant}" ] && [ -e "$node_dir/{tidy}" ]; then
+  newer=$({find_bin} "$node_dir" -maxdepth 1 -newer "$node_dir/{tidy}" \
+    \( -name '*.jsonl' -o -name '*{grant}' \) -print -quit)
+  [ -n "$newer" ] || exit 0
+fi""",
 }
 
 _TEMPLATE = """#!/bin/sh
@@ -71,7 +81,7 @@ exit 0
 
 _WHAT = {
     "prolog": "authorises the job from trusted facts, then applies its node-level faults.",
-    "epilog": "stops the job's agent, reverts its journal and removes its grant.",
+    "epilog": "undoes the job's faults and removes its grant; reverts this node's stale leftovers.",
 }
 
 # -I leaves the script's own directory off sys.path too; the import root is put first explicitly.
@@ -99,7 +109,11 @@ def render_hook(
         what=_WHAT[kind],
         path=SYSTEM_PATH,
         guard=_GUARD[kind].format(
-            policy=q(str(policy)), journal_root=q(str(journal_root)), grant=GRANT_SUFFIX
+            policy=q(str(policy)),
+            journal_root=q(str(journal_root)),
+            grant=GRANT_SUFFIX,
+            tidy=TIDY_NAME,
+            find_bin=q(shutil.which("find", path=SYSTEM_PATH) or "/usr/bin/find"),
         ),
         timeout_bin=q(shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"),
         timeout=int(timeout_s),

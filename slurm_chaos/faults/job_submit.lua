@@ -28,6 +28,7 @@ local KEYS = {
 	version = "int", max_nodes = "int",
 	allow_users = "list", allow_accounts = "list", allow_partitions = "list", allow_reservations = "list",
 	require_exclusive = "bool", allow_arrays = "bool", allow_het_jobs = "bool",
+	job_interface = "iface",
 }
 
 -- The policy file: the line-oriented TOML subset of slurm_chaos/faults/policy.py.
@@ -39,6 +40,11 @@ local function parse_value(kind, text)
 	elseif kind == "int" then
 		if text:match("^%d+$") and #text <= 9 then return tonumber(text) end
 		return nil, "expected a whole number"
+	elseif kind == "iface" then
+		-- policy.py IFACE_RE: 1 to 15 of A-Z a-z 0-9 _ . -, not "." or ".."
+		local name = text:match('^"([%w_.-]+)"$')
+		if name and #name <= 15 and name ~= "." and name ~= ".." then return name end
+		return nil, "expected a quoted network interface name"
 	end
 	local inner = text:match("^%[(.*)%]$")
 	if not inner then return nil, "expected a list of names on one line" end

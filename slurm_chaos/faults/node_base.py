@@ -75,6 +75,10 @@ class JobContext:
     log_file: Path | None = None
     #: The site's allowed checkpoint roots: the only places a fault acts on a path the job names.
     ckpt_roots: tuple[str, ...] = ()
+    #: The one interface netem may shape (the policy's job_interface); None: netem is refused.
+    job_interface: str | None = None
+    #: The GPUs slurmd gave the job on this node (SLURM_JOB_GPUS); () when it has none.
+    gpus: tuple[int, ...] = ()
 
     def marker(self, fault: str) -> str:
         return f"{self.node}:{self.job_id}:{fault}"

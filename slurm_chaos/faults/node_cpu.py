@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
-from slurm_chaos.faults import cgroupfs, node_proc
+from slurm_chaos.faults import cgroupfs, node_gpu, node_proc
 from slurm_chaos.faults.cgroupfs import Cgroupfs, ProcessGone
 from slurm_chaos.faults.journal import JournalClosed, Json, Undo, UndoContext, UndoFailed, undo_action
 from slurm_chaos.faults.node_base import MARKER_ENV, Controller, JobContext, applies, log, num, text
@@ -452,13 +452,6 @@ def stress_argv(load: str, cpus: int, seconds: int) -> list[str]:
     return ["stress-ng", *workers, "--timeout", f"{max(1, seconds)}s", "--quiet"]
 
 
-def _gpu_count(ctx: JobContext) -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    res = ctx.runner(["nvidia-smi", "-L"], timeout=10)
-    return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")) if res.ok else 0
-
-
 #: How long a noisy neighbour waits for its job's extern step (the job's cgroup) before giving up.
 EXTERN_WAIT_S = 60.0
 EXTERN_POLL_S = 0.5
@@ -547,15 +540,16 @@ class NoisyLoad:
 @applies("noisy-neighbour")
 def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     load, cpus = text(req, "load"), int(num(req, "cpus"))
-    if load == "matmul" and _gpu_count(ctx) > 0:
-        import sys
+    if load == "matmul" and ctx.gpus:
 
         def command(seconds: int) -> list[str]:
-            return [sys.executable, "-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", str(seconds)]
+            return node_gpu.burn_argv(ctx, seconds)  # the job's own GPUs only
     else:
         if load == "matmul":
             log.warning(
-                "noisy-neighbour: no GPU on %s: the matmul load runs on the CPUs (stress-ng --matrix)",
+                "noisy-neighbour: job %s holds no GPU on %s: the matmul load runs on its CPUs "
+                "(stress-ng --matrix)",
+                ctx.job_id,
                 ctx.node,
             )
         if shutil.which("stress-ng") is None:

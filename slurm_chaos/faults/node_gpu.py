@@ -6,12 +6,20 @@ back. ``dcgmi test --inject`` writes into DCGM's cache only (NVML and nvidia-smi
 needs a running nv-hostengine; the undo injects the healthy value back. Clock locks and power
 caps really slow the GPU; the undo resets the clocks or restores the previous limit. On a node
 without GPUs (or without DCGM) the fault says so in the log and changes nothing it cannot.
+
+Every GPU fault acts only on the job's own GPUs: ``gpu=N`` must be one of the indices slurmd gave
+the job on this node (``SLURM_JOB_GPUS`` in the prolog's environment, which slurmd sets and the
+job cannot; never ``CUDA_VISIBLE_DEVICES``, which is the user's), and the noisy neighbour's GPU
+burn runs on those GPUs only.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +50,32 @@ XID_TEXT = {
     94: "Contained ECC error.",
     95: "Uncontained ECC error.",
 }
+
+
+def parse_job_gpus(text: str | None) -> tuple[int, ...]:
+    """The GPU indices of slurmd's ``SLURM_JOB_GPUS`` ('0,2' or '0-3'); () when unset or unreadable."""
+    out: list[int] = []
+    for part in (text or "").split(","):
+        m = re.fullmatch(r"(\d{1,4})(?:-(\d{1,4}))?", part.strip())
+        if not m:
+            return ()
+        first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+        if last < first or last - first > 1024:
+            return ()
+        out += range(first, last + 1)
+    return tuple(sorted(set(out)))
+
+
+def job_gpu(req: FaultRequest, ctx: JobContext) -> int:
+    """The request's ``gpu=N`` if it is one of the job's GPUs on this node; else ChaosError."""
+    gpu = int(num(req, "gpu"))
+    if gpu not in ctx.gpus:
+        held = ",".join(map(str, ctx.gpus)) if ctx.gpus else "none"
+        raise ChaosError(
+            f"{req.name}: gpu={gpu} is not one of job {ctx.job_id}'s GPUs on {ctx.node} "
+            f"(SLURM_JOB_GPUS: {held}); slurm-chaos acts only on the job's own GPUs"
+        )
+    return gpu
 
 
 def pci_bus_id(runner: Runner, gpu: int) -> str:
@@ -92,7 +126,7 @@ def _no_dcgm(req: FaultRequest, ctx: JobContext) -> list[Controller]:
 
 @applies("gpu-xid")
 def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu, xid, method = int(num(req, "gpu")), int(num(req, "xid")), text(req, "method")
+    gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), text(req, "method")
     if method in ("kmsg", "both"):
         line = xid_line(pci_bus_id(ctx.runner, gpu), xid, ctx.node, ctx.job_id)
         ctx.journal.record(
@@ -115,18 +149,19 @@ def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
 
 @applies("gpu-ecc")
 def apply_gpu_ecc(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    gpu = job_gpu(req, ctx)
     if not have_dcgm(ctx.runner):
         return _no_dcgm(req, ctx)
     field = FIELD_DBE_VOLATILE if text(req, "kind") == "dbe" else FIELD_SBE_VOLATILE
-    _inject(req, ctx, int(num(req, "gpu")), field, int(num(req, "count")), 0)
+    _inject(req, ctx, gpu, field, int(num(req, "count")), 0)
     return []
 
 
 @applies("gpu-thermal")
 def apply_gpu_thermal(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    gpu = job_gpu(req, ctx)
     if not have_dcgm(ctx.runner):
         return _no_dcgm(req, ctx)
-    gpu = int(num(req, "gpu"))
     _inject(req, ctx, gpu, FIELD_TEMP, num(req, "temp"), 40)
     _inject(req, ctx, gpu, FIELD_THERMAL_VIOLATION, 1, 0)
     return []
@@ -142,12 +177,12 @@ def _query(runner: Runner, gpu: int, what: str) -> str:
 
 @applies("gpu-throttle")
 def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    gpu = str(job_gpu(req, ctx))
     if shutil.which("nvidia-smi") is None:
         log.warning(
             "gpu-throttle: no nvidia-smi on %s (no GPUs): nothing throttled; use slow-rank instead", ctx.node
         )
         return []
-    gpu = str(int(num(req, "gpu")))
     if text(req, "method") == "power":
         before = _query(ctx.runner, int(gpu), "power.limit")
         argv = ["nvidia-smi", "-i", gpu, "-pl", str(int(num(req, "power")))]
@@ -162,8 +197,37 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     return []
 
 
-def burn(seconds: float) -> int:
-    """A GPU matmul burn on every visible GPU for `seconds` (the noisy neighbour's GPU load)."""
+def burn_env(gpus: Sequence[int]) -> dict[str, str]:
+    """CUDA sees only these GPUs, numbered as nvidia-smi and Slurm number them (PCI bus order)."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+
+
+def burn_argv(ctx: JobContext, seconds: float) -> list[str]:
+    """The command of a GPU burn on the job's GPUs of this node; ChaosError when it has none."""
+    if not ctx.gpus:
+        raise ChaosError(
+            f"GPU burn: job {ctx.job_id} holds no GPU on {ctx.node} (SLURM_JOB_GPUS unset): "
+            "slurm-chaos burns only the job's own GPUs"
+        )
+    module = "slurm_chaos.faults.node_gpu"
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "burn",
+        "--seconds",
+        f"{seconds:g}",
+        "--gpus",
+        ",".join(map(str, ctx.gpus)),
+    ]
+
+
+def burn(seconds: float, gpus: Sequence[int]) -> int:
+    """A GPU matmul burn on `gpus` only (the noisy neighbour's GPU load) for `seconds`."""
+    if not gpus:
+        print("slurm-chaos: burn: no GPU given (--gpus): nothing burnt", file=sys.stderr)
+        return 2
+    os.environ.update(burn_env(gpus))  # before CUDA initialises: it reads them once
     import torch
 
     if not torch.cuda.is_available():
@@ -184,10 +248,14 @@ def burn(seconds: float) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m slurm_chaos.faults.node_gpu")
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("burn", help="matmul load on every GPU")
+    b = sub.add_parser("burn", help="matmul load on the job's GPUs")
     b.add_argument("--seconds", type=float, required=True)
+    b.add_argument("--gpus", required=True, help="the job's GPU indices on this node (SLURM_JOB_GPUS)")
     args = p.parse_args(argv)
-    return burn(args.seconds)
+    gpus = parse_job_gpus(args.gpus)
+    if not gpus:
+        p.error(f"--gpus {args.gpus!r}: expected GPU indices such as 0,2 or 0-3")
+    return burn(args.seconds, gpus)
 
 
 if __name__ == "__main__":

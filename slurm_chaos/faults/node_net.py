@@ -1,6 +1,10 @@
-"""Network degradation on the node: ``tc netem`` delay, jitter, loss and rate on its interface.
+"""Network degradation on the node: ``tc netem`` delay, jitter, loss and rate on its job interface.
 
-The prolog runs in slurmd's network namespace, so the qdisc lands on the node's own interface.
+The interface is the site's, never the job's: the policy's ``job_interface`` (from the site
+config's ``safety.job_interface``), the one the jobs' traffic uses. Without it netem is refused,
+so the management interface (or whatever carries the default route) is shaped only where the
+site itself names it. The prolog runs in slurmd's network namespace, so the qdisc lands on the
+node's own interface.
 netem shapes egress only: a delay D on node A adds D to every round trip between A and others.
 slurm-chaos installs its qdisc with a fixed handle (``cafe:``) so that the undo can tell its own
 qdisc from one an administrator set, and never replaces a root qdisc it did not create.
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
-from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num
 from slurm_chaos.faults.spec import FaultRequest
 
 HANDLE = "cafe:"
@@ -72,9 +76,19 @@ def _show(ctx_runner: UndoContext | JobContext, iface: str) -> tuple[bool, str]:
     return res.ok, res.stdout if res.ok else res.stderr
 
 
+def job_interface(ctx: JobContext) -> str:
+    """The interface netem may shape on this node; ChaosError when the site named none."""
+    if not ctx.job_interface:
+        raise ChaosError(
+            "netem: the policy names no job_interface (set safety.job_interface in the site config and "
+            "run 'slurm-chaos plugin install'): slurm-chaos shapes only the interface the site names"
+        )
+    return ctx.job_interface
+
+
 @applies("netem")
 def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    iface = text(req, "iface")
+    iface = job_interface(ctx)
     ok, out = _show(ctx, iface)
     if not ok:
         raise ChaosError(f"netem: cannot read the qdiscs of {iface}: {out.strip()}")

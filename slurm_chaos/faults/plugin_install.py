@@ -55,6 +55,7 @@ def policy_from_safety(safety: Safety) -> Policy:
         allow_arrays=safety.allow_arrays,
         allow_het_jobs=safety.allow_het_jobs,
         max_nodes=safety.max_nodes,
+        job_interface=safety.job_interface,
     )
 
 

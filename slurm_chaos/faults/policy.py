@@ -16,10 +16,13 @@ the same way, line by line::
     allow_arrays = false                        # default false
     allow_het_jobs = false                      # default false
     max_nodes = 4                               # absent: no limit
+    job_interface = "ib0"                       # absent: netem is refused
 
-(Comments after a value, as above, are not part of the subset.) Strings hold only the
+(Comments after a value, as above, are not part of the subset.) Strings in lists hold only the
 characters of a Slurm name (``A-Z a-z 0-9 _ . @ * + -``); a list holds at most 64 of them, on one
-line. Any other line, an unknown or repeated key, a value of the wrong type, a missing
+line. ``job_interface`` is the one network interface netem may shape (the one the site's job
+traffic uses, never one the job names): a Linux interface name of 1 to 15 characters
+``A-Z a-z 0-9 _ . -``. Any other line, an unknown or repeated key, a value of the wrong type, a missing
 ``version = 1``: the file is malformed, and a malformed, missing, unreadable, non-root-owned or
 group/world-writable policy refuses every fault.
 """
@@ -45,6 +48,9 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.@*+-]{1,127}")
 LIST_KEYS = ("allow_users", "allow_accounts", "allow_partitions", "allow_reservations")
 BOOL_KEYS = ("require_exclusive", "allow_arrays", "allow_het_jobs")
 INT_KEYS = ("version", "max_nodes")
+STR_KEYS = ("job_interface",)
+#: A network interface name (IFNAMSIZ 16 with its NUL); "." and ".." are no interface.
+IFACE_RE = re.compile(r"(?!\.{1,2}$)[A-Za-z0-9_.-]{1,15}")
 
 _LINE = re.compile(r"[ \t]*([a-z_]+)[ \t]*=[ \t]*(.*?)[ \t]*")
 _STRING = re.compile(r'"([^"]*)"')
@@ -67,6 +73,7 @@ class Policy:
     allow_arrays: bool = False
     allow_het_jobs: bool = False
     max_nodes: int | None = None
+    job_interface: str | None = None
 
     def render(self) -> str:
         """The file's text; ValueError names an entry no reader would accept."""
@@ -91,10 +98,19 @@ class Policy:
             if not 0 < self.max_nodes < 10**9:
                 raise ValueError(f"max_nodes: {self.max_nodes} out of range")
             lines.append(f"max_nodes = {self.max_nodes}")
+        if self.job_interface is not None:
+            if not IFACE_RE.fullmatch(self.job_interface):
+                raise ValueError(f"job_interface: {self.job_interface!r} is not a network interface name")
+            lines.append(f'job_interface = "{self.job_interface}"')
         return "\n".join(lines) + "\n"
 
 
-def _value(key: str, text: str) -> tuple[str, ...] | bool | int:
+def _value(key: str, text: str) -> tuple[str, ...] | bool | int | str:
+    if key in STR_KEYS:
+        m = _STRING.fullmatch(text)
+        if not m or not IFACE_RE.fullmatch(m.group(1)):
+            raise ValueError(f"{key}: expected a quoted network interface name")
+        return m.group(1)
     if key in BOOL_KEYS:
         if text not in ("true", "false"):
             raise ValueError(f"{key}: expected true or false")
@@ -124,7 +140,7 @@ def parse_policy(text: str) -> Policy:
     """The policy in `text`; PolicyError names the first bad line."""
     if len(text.encode("utf-8", "surrogateescape")) > MAX_POLICY_BYTES:
         raise PolicyError(f"policy: larger than {MAX_POLICY_BYTES} bytes")
-    values: dict[str, tuple[str, ...] | bool | int] = {}
+    values: dict[str, tuple[str, ...] | bool | int | str] = {}
     for number, line in enumerate(text.split("\n"), start=1):
         try:
             if any((c < " " and c != "\t") or c > "~" for c in line):
@@ -135,7 +151,7 @@ def parse_policy(text: str) -> Policy:
             if not m:
                 raise ValueError("expected KEY = VALUE")
             key, text_value = m.groups()
-            if key not in LIST_KEYS + BOOL_KEYS + INT_KEYS:
+            if key not in LIST_KEYS + BOOL_KEYS + INT_KEYS + STR_KEYS:
                 raise ValueError(f"unknown key '{key}'")
             if key in values:
                 raise ValueError(f"{key}: given twice")

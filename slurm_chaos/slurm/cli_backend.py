@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_chaos.errors import SlurmError, SlurmUnreachable
@@ -122,7 +123,16 @@ class SlurmCLI:
         records = parse.parse_job_records(done.stdout, oversubscribe)
         if job_id not in records:
             raise SlurmError(f"job {job_id}: not known to the controller")
-        return records[job_id]
+        record = records[job_id]
+        if not record.nodes:
+            return record
+        return replace(record, other_jobs=self._holders(job_id, record.nodes))
+
+    def _holders(self, job_id: str, nodes: Sequence[str]) -> tuple[str, ...]:
+        """The other jobs slurmctld has on any of `nodes` now (suspended and completing ones too)."""
+        fmt = ",".join(f"{field}:|" for field in parse.NODE_JOB_FIELDS)
+        argv = ["squeue", "--noheader", "--states=all", f"--nodelist={','.join(nodes)}", f"--Format={fmt}"]
+        return parse.holders(parse.parse_node_jobs(self._check(self._run(argv)).stdout), job_id)
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = [str(j) for j in job_ids]

@@ -139,11 +139,21 @@ class JobRecord:
     num_nodes: int | None
     nodes: tuple[str, ...]
     admin_comment: str
+    submit_time: datetime | None = None
+    #: When the job's time limit ends it (None: no limit, or not known).
+    end_time: datetime | None = None
+    #: The other jobs that hold any of the job's nodes now (None: not asked).
+    other_jobs: tuple[str, ...] | None = None
 
     @property
     def exclusive(self) -> bool:
-        """No other job may share the job's nodes: --exclusive, or a partition that allocates whole
-        nodes; never on a FORCE partition, which oversubscribes whatever the job asked."""
+        """The job's nodes are its alone, as slurmctld says: no other job holds any of them now, and
+        none may join (the job was submitted with --exclusive, or its partition is
+        OverSubscribe=EXCLUSIVE). Never on a FORCE partition, which oversubscribes whatever the job
+        asked; never from the CPUs it holds (a job may hold every CPU Slurm counts on a node and
+        still share it: OverSubscribe=YES, or an SMT node declared with CPUs= only)."""
+        if self.other_jobs is None or self.other_jobs:
+            return False
         if self.partition_oversubscribe.upper().startswith("FORCE"):
             return False
         return self.job_oversubscribe.upper() == "NO" or self.partition_oversubscribe.upper() == "EXCLUSIVE"

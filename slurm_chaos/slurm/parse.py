@@ -39,8 +39,10 @@ SQUEUE_FIELDS = (
 #: `squeue -O` fields of JobRecord: none is free text a user writes, but the admin comment, last.
 JOB_RECORD_FIELDS = (
     "JobID", "ArrayTaskID", "HetJobID", "UserId", "UserName", "Account", "Partition", "Reservation",
-    "OverSubscribe", "NumNodes", "NodeList", "admin_comment",
+    "OverSubscribe", "NumNodes", "NodeList", "SubmitTime", "EndTime", "admin_comment",
 )  # fmt: skip
+#: `squeue -O` fields of the jobs on a set of nodes (who else holds a job's nodes).
+NODE_JOB_FIELDS = ("JobID", "State")
 SACCT_FIELDS = (
     "JobID", "JobIDRaw", "JobName", "State", "ExitCode", "NodeList", "ElapsedRaw",
     "Submit", "Start", "End", "Partition", "Reservation",
@@ -335,9 +337,27 @@ def parse_job_records(text: str, partition_oversubscribe: Mapping[str, str]) -> 
             num_nodes=int(nodes) if nodes.isdigit() else None,
             nodes=tuple(expand_hostlist(_text(f["NodeList"]))),
             admin_comment=_text(f["admin_comment"]),
+            submit_time=parse_time(f["SubmitTime"]),
+            end_time=parse_time(f["EndTime"]),
         )
         records[rec.job_id] = rec
     return records
+
+
+def parse_node_jobs(text: str) -> dict[str, JobState]:
+    """`squeue -h -t all -w NODES -O JobID:|,State:|` -> the state of each job listed, by id."""
+    return {row[0].strip(): JobState.parse(row[1]) for row in _delimited(text, NODE_JOB_FIELDS, name_at=0)}
+
+
+def holders(states: Mapping[str, JobState], job_id: str) -> tuple[str, ...]:
+    """The jobs other than `job_id` that hold a node now: neither pending nor over (completing is not)."""
+    return tuple(
+        sorted(
+            j
+            for j, state in states.items()
+            if j != job_id and state != JobState.PENDING and not state.is_terminal
+        )
+    )
 
 
 # ---------------------------------------------------------------- sacct

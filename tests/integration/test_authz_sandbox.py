@@ -191,7 +191,7 @@ def authz(sandbox, sandbox_users: dict[str, SandboxUser]) -> Iterator[Authz]:  #
     hooks = [etc / f"{kind}.d" / HOOK_NAME for kind in ("prolog", "epilog")]
     saved = {p: p.read_text() if p.exists() else None for p in (plugstack, policy_path, lua, *hooks)}
     journal_root, audit_log = root / "journal", root / "log" / "slurm-chaos-audit.log"
-    policy = Policy(allow_users=("chaosok",), allow_reservations=(sandbox.reservation,))
+    policy = Policy(allow_users=("chaosok",), allow_reservations=(sandbox.reservation,), job_interface="eth0")
     so = build_plugin(Path(sandbox.shared_dir) / "authz-test-prefix", SubprocessRunner())
     forge = Path(sandbox.shared_dir) / "users" / "forge.so"
     src = forge.with_suffix(".c")

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 from nodecgroups import leftover_cgroups
+from waiting import wait_until
 
 from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.authz import SPEC_MARK
 from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
-from slurm_chaos.faults.journal import Journal
+from slurm_chaos.faults.journal import Journal, Undo
 from slurm_chaos.faults.node_base import MARKER_ENV
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
@@ -265,7 +266,10 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     policy = etc / POLICY_NAME
     saved_policy = policy.read_text() if policy.exists() else None
     # These tests measure faults on nodes that jobs share (several jobs per node, no --exclusive).
-    write_policy(policy, Policy(allow_users=("root", "chaosok"), require_exclusive=False))
+    # netem shapes the interface the site names for job traffic: the sandbox nodes' eth0.
+    write_policy(
+        policy, Policy(allow_users=("root", "chaosok"), require_exclusive=False, job_interface="eth0")
+    )
     checkpoints = Path(sandbox.shared_dir) / "checkpoints"
     checkpoints.mkdir(exist_ok=True)
     install_hooks(
@@ -667,14 +671,36 @@ def test_slow_rank_cgroup_keeps_an_unprivileged_users_tasks_inside_the_job(
     assert not any(f"job_{job}" in cg for cg in cluster.cgroups("node1"))
 
 
-def test_gpu_xid_reaches_the_kernel_log_and_dcgm_faults_degrade_clearly(cluster: Cluster) -> None:
+def test_gpu_faults_on_a_node_where_the_job_holds_no_gpu_are_refused(cluster: Cluster) -> None:
+    """The sandbox nodes have no GPUs, so no job holds one (slurmd sets no SLURM_JOB_GPUS): an XID
+    line for "GPU 0" would blame a GPU that is not the job's, and nothing reaches the kernel log."""
+    before = cluster.snapshot("node3")
     job = cluster.submit("sleep 1\n", "gpu-xid:xid=79+gpu-ecc", "-N1", "-w", "node3")
     cluster.wait_done(job, ["node3"])
     dmesg = subprocess.run(["dmesg"], capture_output=True, text=True)
     if dmesg.returncode == 0:
-        assert re.search(rf"NVRM: Xid \(PCI:[0-9a-f:]+\): 79, .*node node3 job {job}\)", dmesg.stdout)
+        assert not re.search(rf"NVRM: Xid .*node node3 job {job}\)", dmesg.stdout)
     log = cluster.log_file.read_text()
-    assert "gpu-ecc: DCGM is not running on node3" in log
+    for fault in ("gpu-xid", "gpu-ecc"):
+        assert f"{fault}: gpu=0 is not one of job {job}'s GPUs on node3 (SLURM_JOB_GPUS: none)" in log
+    assert cluster.snapshot("node3") == before
+
+
+def test_stale_leftovers_are_reverted_in_the_epilog_of_a_job_without_faults(cluster: Cluster) -> None:
+    """A journal whose deadline passed and an expired grant (a node that lost an epilog) are undone
+    by the next job's epilog on the node, whatever that job is."""
+    lost = 900_000_000 + uuid.uuid4().int % 50_000_000  # job ids no sandbox reaches
+    stale = Journal(cluster.journal_root, "node2", str(lost))
+    marker = cluster.shared / f"undone-{uuid.uuid4().hex[:6]}"
+    stale.record("netem", "a change left behind", Undo(argv=("touch", str(marker))), time.time() - 1)
+    grant = cluster.journal_root / "node2" / f"{lost + 1}.grant"
+    grant.write_text(f"job={lost + 1}\nuid=0\nspec=netem:rate=1M\nuntil=1\n")
+    grant.chmod(0o600)
+    job = cluster.submit("true\n", None, "-N1", "-w", "node2")
+    cluster.wait_state(job, {"", "COMPLETED"})
+    wait_until(lambda: not stale.read().pending() and not grant.exists(), timeout=60)
+    assert marker.exists()
+    assert "cleanup (deadline passed)" in cluster.journal("node2", str(lost))
 
 
 SLEEP_SPEC = "netem:rate=1M+slow-rank:rank=0,percent=50+noisy-neighbour:cpus=1+ckpt-full:path={ckpt}"

@@ -6,7 +6,9 @@ import json
 import os
 import socket
 import subprocess
+import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -37,10 +39,17 @@ RECORD = JobRecord(
     num_nodes=2,
     nodes=("node1", "node2"),
     admin_comment="slurm-chaos=nccl-degrade:ib=off",
+    submit_time=datetime(2026, 11, 30, 12, 0, tzinfo=UTC),
+    end_time=datetime(2026, 11, 30, 13, 0, tzinfo=UTC),
+    other_jobs=(),
 )
 ENV = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node1", "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice"}
 POLICY = Policy(
-    allow_users=("alice",), allow_partitions=("debug",), allow_reservations=("maint",), max_nodes=4
+    allow_users=("alice",),
+    allow_partitions=("debug",),
+    allow_reservations=("maint",),
+    max_nodes=4,
+    job_interface="ib0",
 )
 
 
@@ -100,6 +109,12 @@ def test_users_the_policy_refuses_cost_slurmctld_nothing(policy: Path) -> None:
     [
         ({"job_oversubscribe": "OK"}, "does not hold its nodes exclusively"),
         ({"partition_oversubscribe": "FORCE:4"}, "does not hold its nodes exclusively"),
+        ({"other_jobs": ("43",)}, "does not hold its nodes exclusively"),
+        ({"other_jobs": None}, "does not hold its nodes exclusively"),
+        (
+            {"job_oversubscribe": "OK", "partition_oversubscribe": "YES:4"},
+            "does not hold its nodes exclusively",
+        ),
         ({"array": True}, "array jobs may not inject faults"),
         ({"het": True}, "heterogeneous jobs"),
         ({"partition": "gpu"}, "partition 'gpu' is not in allow_partitions"),
@@ -137,9 +152,12 @@ def test_audit_and_grant_files(tmp_path: Path, policy: Path) -> None:
     ]
     assert log.stat().st_mode & 0o777 == 0o600
     journal = tmp_path / "journal"
-    paths = authz.write_grant(journal, d)
+    paths = authz.write_grant(journal, d, until=1796043600.5)
     assert paths[0] == journal / "node1" / "42.grant" and paths[0].stat().st_mode & 0o777 == 0o600
     assert "spec=nccl-degrade:ib=off\n" in paths[0].read_text()
+    # Bound to this run of the job: its submit time, and the end after which it grants nothing.
+    assert "submit=1796040000\nuntil=1796043600\n" in paths[0].read_text()  # 12:00 and 13:00 UTC
+    assert d.job_interface == "ib0" and d.end == 1796043600.0
     assert "refused=" not in paths[0].read_text()
     assert authz.remove_grant(journal, "node1", "42") == paths
     # The audit log is refused when someone else could have written it.
@@ -232,13 +250,27 @@ def test_installed_hooks_skip_python_unless_the_policy_may_name_the_user(tmp_pat
     assert broken.returncode == 0 and "slurm-chaos: prolog hook exited" in broken.stderr
     assert "slurm-chaos: prolog hook exited" in log_file.read_text()
     assert run({"SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root"}).stderr.count("hook exited") == 1
-    # The epilog runs only for a job that left a journal or a grant on this node.
+    # The epilog runs Python for a job that left a journal or a grant on this node, and for any
+    # job while the node holds something newer than its last tidy state (stale leftovers).
     epilog = paths[1]
-    assert subprocess.run([epilog], env=env, capture_output=True, text=True, timeout=10).stderr == ""
-    (tmp_path / "j" / "node1").mkdir(parents=True)
-    (tmp_path / "j" / "node1" / "9.grant").write_text("job=9\n")
-    done = subprocess.run([epilog], env=env, capture_output=True, text=True, timeout=10)
-    assert "slurm-chaos: epilog hook exited" in done.stderr
+
+    def epilog_runs_python(job: str) -> bool:
+        done = subprocess.run(
+            [epilog], env={**env, "SLURM_JOB_ID": job}, capture_output=True, text=True, timeout=10
+        )
+        return "slurm-chaos: epilog hook exited" in done.stderr
+
+    assert not epilog_runs_python("9")  # nothing of slurm-chaos on this node ever
+    node_dir = tmp_path / "j" / "node1"
+    node_dir.mkdir(parents=True)
+    (node_dir / "9.grant").write_text("job=9\n")
+    assert epilog_runs_python("9")
+    assert epilog_runs_python("10")  # another job: node1 was never tidied
+    (node_dir / ".tidy").touch()
+    os.utime(node_dir / "9.grant", (1, 1))
+    assert not epilog_runs_python("10")  # nothing newer than the tidy state
+    (node_dir / "7.jsonl").write_text("")
+    assert epilog_runs_python("10")  # a journal written since
     assert uninstall_hooks(etc) == paths
 
 
@@ -257,5 +289,61 @@ def test_grant_is_written_under_the_hostname_too(tmp_path: Path, policy: Path) -
     d = authz.decide("42", "nodeX", ENV, scheduler(RECORD), policy)
     assert d is not None
     host = socket.gethostname().split(".")[0]
-    written = authz.write_grant(tmp_path, d)
+    written = authz.write_grant(tmp_path, d, until=time.time() + 60)
     assert {p.parent.name for p in written} == {"nodeX", host}
+
+
+def test_prolog_removes_a_grant_left_under_its_job_id_before_anything_else(
+    tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A controller whose state was reset hands job ids out again: a grant an earlier job 42 left
+    (its epilog lost) must grant the new job 42 nothing, whatever the new job asks."""
+    node_dir = tmp_path / "journal" / "node1"
+    node_dir.mkdir(parents=True)
+    left = node_dir / "42.grant"
+    left.write_text("job=42\nuid=1001\nspec=nccl-degrade:ib=off\nsubmit=1\nuntil=9999999999\n")
+    plain = replace(RECORD, admin_comment="")  # the new job 42 asks for nothing
+    assert _hook(tmp_path, policy, "prolog", ENV, scheduler(plain)) == 0
+    assert not left.exists()
+    assert "removed a grant left by an earlier run of this job id" in capsys.readouterr().err
+
+
+def test_the_deadline_comes_from_the_controller_in_the_prolog(tmp_path: Path, policy: Path) -> None:
+    """The job's end by its time limit, as slurmctld told the prolog: a controller unreachable later
+    cannot leave faults for the hooks' whole default; without a limit the default is bounded."""
+    from slurm_chaos.faults import agent
+    from slurm_chaos.faults.hooks.__main__ import deadline_s
+
+    d = authz.decide("42", "node1", ENV, scheduler(RECORD), policy)
+    assert d is not None and d.end is not None
+    now = d.end - 600
+    assert deadline_s(d, {}, agent.DEFAULT_DEADLINE_S, now) == 600 + agent.TIME_LIMIT_GRACE_S
+    assert deadline_s(d, {"SPANK_SLURM_CHAOS_DEADLINE": "30"}, agent.DEFAULT_DEADLINE_S, now) == 30
+    unlimited = replace(d, end=None)
+    assert deadline_s(unlimited, {}, agent.DEFAULT_DEADLINE_S, now) == agent.DEFAULT_DEADLINE_S <= 4 * 3600
+    assert deadline_s(replace(d, end=now + 10**9), {}, 3600, now) == agent.MAX_DEADLINE_S
+
+
+def test_cleanup_removes_expired_grants_and_those_of_ended_jobs(tmp_path: Path) -> None:
+    from slurm_chaos.faults.cleanup import cleanup, mark_tidy
+
+    node_dir = tmp_path / "node1"
+    node_dir.mkdir()
+    (node_dir / "1.grant").write_text("job=1\nuid=0\nspec=x\nuntil=100\n")
+    (node_dir / "2.grant").write_text("job=2\nuid=0\nspec=x\nuntil=300\n")
+    (node_dir / "3.grant").write_text("job=3\nuid=0\nspec=x\nuntil=300\n")
+    os.utime(node_dir / "3.grant", (1, 1))
+    (node_dir / "4.grant").write_text("job=4\nuid=0\nspec=x\n")  # an older prolog's: no until
+    os.utime(node_dir / "4.grant", (1, 1))
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    assert not mark_tidy(tmp_path, "node1")  # grants left: the epilog keeps looking
+    ended = lambda job: False if job == "3" else None  # noqa: E731
+    lines = cleanup(tmp_path, ["node1"], runner, ended, now=200, grant_default_s=50)
+    assert sorted(lines) == [
+        f"grant {node_dir / '1.grant'} removed [expired]",
+        f"grant {node_dir / '3.grant'} removed [job no longer running]",
+        f"grant {node_dir / '4.grant'} removed [expired]",
+    ]
+    assert [p.name for p in node_dir.glob("*.grant")] == ["2.grant"]
+    (node_dir / "2.grant").unlink()
+    assert mark_tidy(tmp_path, "node1") and (node_dir / ".tidy").exists()

@@ -48,14 +48,18 @@ def test_only_node_level_faults_are_the_agents() -> None:
 
 def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path: Path) -> None:
     sim = TcSim()
-    res = agent.apply("12", "node1", "netem:delay=30ms", 0.3, tmp_path, sim.runner, foreground=True)
+    res = agent.apply(
+        "12", "node1", "netem:delay=30ms", 0.3, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+    )
     assert res.applied == ("netem",)
     # run_loop returned at the deadline and undid the journal
     assert sim.root == DEFAULT
     state = Journal(tmp_path, "node1", "12").read()
     assert state.closed and not state.pending()
     # A requeued job (same id) starts a fresh journal and applies again.
-    again = agent.apply("12", "node1", "netem:delay=30ms", 0.2, tmp_path, sim.runner, foreground=True)
+    again = agent.apply(
+        "12", "node1", "netem:delay=30ms", 0.2, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+    )
     assert again.applied == ("netem",)
     assert len(list((tmp_path / "node1").glob("12.*.done"))) == 1
 
@@ -71,14 +75,23 @@ def test_apply_twice_while_open_does_nothing(tmp_path: Path) -> None:
 def test_a_failing_fault_leaves_the_others(tmp_path: Path) -> None:
     sim = TcSim()
     sim.root = "qdisc htb 1: root refcnt 2\n"
-    res = agent.apply("14", "node1", "netem:delay=1ms", 0.1, tmp_path, sim.runner, foreground=True)
+    res = agent.apply(
+        "14", "node1", "netem:delay=1ms", 0.1, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+    )
     assert res.failed == ("netem",) and res.applied == ()
 
 
 def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
     sim = TcSim()
     res = agent.apply(
-        "15", "node1", "netem:delay=30ms", 60, tmp_path, sim.runner, log_file=tmp_path / "a.log"
+        "15",
+        "node1",
+        "netem:delay=30ms",
+        60,
+        tmp_path,
+        sim.runner,
+        log_file=tmp_path / "a.log",
+        job_interface="eth0",
     )
     assert res.agent_pid is not None
     assert Path(f"/proc/{res.agent_pid}").exists()
@@ -165,7 +178,9 @@ def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(node_gpu.shutil, "which", lambda name: None)
     runner = FakeRunner(lambda a: Completed(a, 1, "", "squeue: unreachable"))
     t0 = time.time()
-    res = agent.apply("20", "node1", "gpu-xid:after=0.4s", 0.8, tmp_path / "j", runner, foreground=True)
+    res = agent.apply(
+        "20", "node1", "gpu-xid:after=0.4s", 0.8, tmp_path / "j", runner, foreground=True, gpus=(0,)
+    )
     assert res.applied == ("gpu-xid (in 0.4 s)",)
     written = kmsg.stat().st_mtime - t0
     assert 0.35 < written < 0.8 and "Xid" in kmsg.read_text()

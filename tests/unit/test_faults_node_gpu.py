@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults import node_gpu
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
-from slurm_chaos.faults.node_base import JobContext, log
+from slurm_chaos.faults.node_base import APPLIERS, JobContext, log
 from slurm_chaos.faults.spec import parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
 
 
-def ctx_for(tmp_path: Path, runner: FakeRunner) -> JobContext:
-    return JobContext(
-        "3", "node2", ("node2",), None, None, time.time() + 60, Journal(tmp_path, "node2", "3"), runner
-    )
+def ctx_for(tmp_path: Path, runner: FakeRunner, gpus: tuple[int, ...] = (0, 1)) -> JobContext:
+    journal = Journal(tmp_path, "node2", "3")
+    return JobContext("3", "node2", ("node2",), None, None, time.time() + 60, journal, runner, gpus=gpus)
 
 
 def test_xid_line_matches_what_dmesg_detectors_parse() -> None:
@@ -96,3 +96,42 @@ def test_clock_lock_is_reset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert runner.calls == [("nvidia-smi", "-i", "0", "-lgc", "500,500")]
     revert(ctx.journal, UndoContext(runner), by="test")
     assert runner.calls[-1] == ("nvidia-smi", "-i", "0", "-rgc")
+
+
+def test_slurm_job_gpus_is_read_as_slurmd_writes_it() -> None:
+    assert node_gpu.parse_job_gpus("0,2") == (0, 2)
+    assert node_gpu.parse_job_gpus("4-6,1") == (1, 4, 5, 6)
+    assert node_gpu.parse_job_gpus("") == () and node_gpu.parse_job_gpus(None) == ()
+    assert node_gpu.parse_job_gpus("0,x") == () and node_gpu.parse_job_gpus("3-1") == ()
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus", "held"),
+    [("gpu-xid:gpu=2", (0, 1), "0,1"), ("gpu-ecc:gpu=0", (4, 5), "4,5"), ("gpu-thermal", (), "none"),
+     ("gpu-throttle:gpu=7", (3,), "3")],
+)  # fmt: skip
+def test_a_gpu_the_job_does_not_hold_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, gpus: tuple[int, ...], held: str
+) -> None:
+    kmsg = tmp_path / "kmsg"
+    monkeypatch.setattr(node_gpu, "KMSG", kmsg)
+    monkeypatch.setattr(node_gpu.shutil, "which", lambda name: "/usr/bin/" + name)
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    ctx = ctx_for(tmp_path, runner, gpus=gpus)
+    (req,) = parse_spec(spec)
+    with pytest.raises(ChaosError, match=rf"is not one of job 3's GPUs on node2 \(SLURM_JOB_GPUS: {held}\)"):
+        APPLIERS[req.name](req, ctx)
+    assert runner.calls == [] and not kmsg.exists() and ctx.journal.read().entries == ()
+
+
+def test_gpu_burn_runs_on_the_jobs_gpus_only(tmp_path: Path) -> None:
+    ctx = ctx_for(tmp_path, FakeRunner(lambda a: Completed(a, 0, "", "")), gpus=(1, 3))
+    argv = node_gpu.burn_argv(ctx, 30)
+    assert argv[1:] == ["-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", "30", "--gpus", "1,3"]
+    assert node_gpu.burn_env((1, 3)) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3"}
+    with pytest.raises(ChaosError, match="holds no GPU on node2"):
+        node_gpu.burn_argv(ctx_for(tmp_path, FakeRunner(lambda a: Completed(a, 0, "", "")), gpus=()), 30)
+    # Without --gpus the burn refuses: never every GPU of the node.
+    with pytest.raises(SystemExit):
+        node_gpu.main(["burn", "--seconds", "1"])
+    assert node_gpu.burn(1, ()) == 2

@@ -10,7 +10,7 @@ from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import JobContext
 from slurm_chaos.faults.node_net import apply_netem, netem_args, root_qdisc
-from slurm_chaos.faults.spec import parse_spec
+from slurm_chaos.faults.spec import SpecError, parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
 
 DEFAULT = "qdisc noqueue 0: root refcnt 2 \n"
@@ -42,9 +42,11 @@ class TcSim:
         return Completed(argv, 127, "", "unexpected")
 
 
-def ctx_for(tmp_path: Path, sim: TcSim) -> JobContext:
+def ctx_for(tmp_path: Path, sim: TcSim, job_interface: str | None = "eth0") -> JobContext:
     journal = Journal(tmp_path, "node1", "10")
-    return JobContext("10", "node1", ("node1",), 1000, 1000, 1e12, journal, sim.runner)
+    return JobContext(
+        "10", "node1", ("node1",), 1000, 1000, 1e12, journal, sim.runner, job_interface=job_interface
+    )
 
 
 def test_root_qdisc_parsing() -> None:
@@ -102,3 +104,22 @@ def test_kernel_without_netem_gets_the_rate_limit_only(tmp_path: Path) -> None:
     sim2 = TcSim(has_netem=False)
     with pytest.raises(ChaosError, match="no sch_netem"):
         apply_netem(parse_spec("netem:delay=20ms")[0], ctx_for(tmp_path / "b", sim2))
+
+
+def test_only_the_interface_the_site_names_is_shaped(tmp_path: Path) -> None:
+    """The job names no interface (`iface` is no SPEC key); the policy's job_interface is the one."""
+    with pytest.raises(SpecError, match="unknown key 'iface'"):
+        parse_spec("netem:delay=20ms,iface=lo")
+    sim = TcSim()
+    apply_netem(parse_spec("netem:delay=20ms")[0], ctx_for(tmp_path, sim, job_interface="ib0"))
+    adds = [c for c in sim.runner.calls if c[:3] == ("tc", "qdisc", "add")]
+    assert adds and all(c[4] == "ib0" for c in adds)
+    assert all("eth0" not in c for c in sim.runner.calls)
+
+
+def test_no_job_interface_in_the_policy_refuses_netem(tmp_path: Path) -> None:
+    sim = TcSim()
+    ctx = ctx_for(tmp_path, sim, job_interface=None)
+    with pytest.raises(ChaosError, match=r"the policy names no job_interface .*safety\.job_interface"):
+        apply_netem(parse_spec("netem:delay=20ms")[0], ctx)
+    assert sim.runner.calls == [] and ctx.journal.read().entries == ()

@@ -40,8 +40,10 @@ allow_partitions = ["debug"]
 allow_reservations = []
 require_exclusive = false
 max_nodes = 4
+job_interface = "ib0"
 """
 
+BAD_IFACE = "expected a quoted network interface name"
 MALFORMED = {
     "": "policy: 'version = 1' missing or another version",
     "version = 2\n": "policy: 'version = 1' missing or another version",
@@ -58,6 +60,11 @@ MALFORMED = {
     'version = 1\nallow_users = ["é"]\n': "policy line 2: control or non-ASCII character",
     "version = 1\n[section]\n": "policy line 2: expected KEY = VALUE",
     "Version = 1\n": "policy line 1: expected KEY = VALUE",
+    **{
+        f"version = 1\njob_interface = {value}\n": f"policy line 2: job_interface: {BAD_IFACE}"
+        for value in ("eth0", '""', '"eth0 "', '"a234567890123456"', '".."', '"e/0"', '["eth0"]')
+    },
+    'version = 1\njob_interface = "a"\njob_interface = "b"\n': "policy line 3: job_interface: given twice",
 }
 
 
@@ -88,7 +95,8 @@ def describe(policy: Policy) -> str:
         f"users={names(policy.allow_users)} accounts={names(policy.allow_accounts)} "
         f"partitions={names(policy.allow_partitions)} reservations={names(policy.allow_reservations)} "
         f"exclusive={int(policy.require_exclusive)} arrays={int(policy.allow_arrays)} "
-        f"het={int(policy.allow_het_jobs)} max_nodes={policy.max_nodes if policy.max_nodes else -1}"
+        f"het={int(policy.allow_het_jobs)} max_nodes={policy.max_nodes if policy.max_nodes else -1} "
+        f"job_interface={policy.job_interface or '-'}"
     )
 
 
@@ -122,6 +130,7 @@ def test_parse_and_render_round_trip() -> None:
         allow_reservations=(),
         require_exclusive=False,
         max_nodes=4,
+        job_interface="ib0",
     )
     assert parse_policy(policy.render()) == policy
     assert parse_policy("version = 1\n") == Policy()  # defaults: only root, exclusive, no arrays
@@ -142,12 +151,19 @@ def test_limits() -> None:
         parse_policy("#" * (MAX_POLICY_BYTES + 1))
     with pytest.raises(ValueError, match="not a plain name"):
         Policy(allow_users=("al ice",)).render()
+    with pytest.raises(ValueError, match="not a network interface name"):
+        Policy(job_interface="eth0;x").render()
+    assert parse_policy('version = 1\njob_interface = "a23456789012345"\n').job_interface == "a23456789012345"
+    assert parse_policy('version = 1\njob_interface = "bond0.100"\n').job_interface == "bond0.100"
 
 
 def test_policy_from_the_sites_safety_section() -> None:
     safety = Safety(allowed_partitions=("debug",), max_nodes=4, allowed_users=("root", "alice"))
     policy = policy_from_safety(safety)
     assert policy.allow_users == ("root", "alice") and policy.allow_accounts is None
+    assert policy.job_interface is None  # not named: netem is refused
+    named = policy_from_safety(Safety(allowed_partitions=("debug",), max_nodes=4, job_interface="ib0"))
+    assert named.job_interface == "ib0" and parse_policy(named.render()) == named
     assert policy.require_exclusive and not policy.allow_arrays and policy.max_nodes == 4
     assert parse_policy(policy.render()) == policy
 
@@ -224,7 +240,7 @@ def test_c_reader_agrees_on_good_and_malformed_files(chaos_spec: Path, tmp_path:
     assert c_answers(tmp_path, texts) == [python_answer(t) for t in texts]
 
 
-ALPHABET = 'version=1 allow_users[]",\t\n#*ab_-.maxnodes4\rtrufls'
+ALPHABET = 'version=1 allow_users[]",\t\n#*ab_-.maxnodes4\rtruflsjob_interface/'
 
 
 def mutate(rng: random.Random, text: str) -> str:
@@ -243,7 +259,8 @@ def mutate(rng: random.Random, text: str) -> str:
 
 def test_c_reader_agrees_on_mutated_files(chaos_spec: Path, tmp_path: Path) -> None:
     rng = random.Random(20261130)
-    seeds = [GOOD, STRICT.render(), 'version = 1\nallow_users = ["a", "b"]\nmax_nodes = 12\n']
+    seeds = [GOOD, STRICT.render(), 'version = 1\nallow_users = ["a", "b"]\nmax_nodes = 12\n',
+             'version = 1\njob_interface = "eth0"\n']  # fmt: skip
     texts = [mutate(rng, rng.choice(seeds)) for _ in range(1500)]
     c_out = c_answers(tmp_path, texts)
     mismatches = [
@@ -377,3 +394,20 @@ def test_job_submit_lua_refuses_every_spec_under_a_bad_policy(tmp_path: Path) ->
     assert lines[11] == "0 nil -"  # a job without --chaos is not affected
     lines = _run_lua(tmp_path, Policy(allow_users=("alice",)).render(), mode=0o666)
     assert "writable by group or others (mode 666)" in lines[0]
+
+
+@pytest.mark.skipif(LUA is None or os.geteuid() != 0, reason="needs lua5.1 and root (a root-owned policy)")
+def test_job_submit_lua_reads_the_job_interface_as_the_others_do(tmp_path: Path) -> None:
+    policy = Policy(
+        allow_users=("alice",),
+        allow_accounts=("a",),
+        allow_partitions=("debug", "whole", "force"),
+        allow_reservations=("maint",),
+        max_nodes=2,
+        job_interface="bond0.100",
+    )
+    assert _run_lua(tmp_path, policy.render()) == LUA_EXPECTED
+    for text in [t for t in MALFORMED if "job_interface" in t]:
+        assert _run_lua(tmp_path, text)[0] == (
+            f"2002 nil slurm-chaos: refused --chaos=netem:delay=0.005s: {MALFORMED[text]}"
+        ), text

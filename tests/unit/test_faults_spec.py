@@ -101,7 +101,8 @@ def test_typed_values_and_defaults() -> None:
     netem, nccl = parse_spec("netem:delay=250ms,rate=1K+nccl-degrade:ib=off")
     assert netem.get("delay") == 0.25
     assert netem.get("rate") == 1024
-    assert netem.get("iface") == "eth0"  # catalogue default
+    assert netem.get("jitter") == 0.0  # catalogue default
+    assert not netem.fault.key("iface")  # the site names the interface (safety.job_interface), not the job
     assert nccl.get("hca") is None  # unset, no default
     assert nccl.resolved() == {"ib": "off", "p2p": "on", "shm": "on", "gdr": "on"}
     with pytest.raises(KeyError):
@@ -113,7 +114,8 @@ def test_typed_values_and_defaults() -> None:
     [
         ("", "", "empty SPEC"),
         ("bogus", "bogus", "unknown fault 'bogus' (known: numa-mismatch, "),
-        ("netem:bogus=1", "bogus", "netem: unknown key 'bogus' (keys: iface, delay, jitter, loss, rate)"),
+        ("netem:bogus=1", "bogus", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate)"),
+        ("netem:iface=lo", "iface", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate)"),
         ("netem:delay", "delay", "netem: 'delay' is not KEY=VALUE"),
         ("netem:", "netem:", "netem: no KEY=VALUE after ':'"),
         ("netem:delay=1s,delay=2s", "delay", "netem: key 'delay' given twice"),
@@ -129,7 +131,7 @@ def test_typed_values_and_defaults() -> None:
         ("netem:delay=0.0000001ms", "delay=0.0000001ms", "(finer than 1ns)"),
         ("node-drain:after=999999999999999d", "after=999999999999999d", "(duration too large)"),
         ("netem:rate=9999999P", "rate=9999999P", "(byte count too large)"),
-        ("netem:iface=eth 0", "iface=eth 0", "(expected letters, digits or _ . / @ % : -)"),
+        ("rack-loss:switch=sw 1", "switch=sw 1", "(expected letters, digits or _ . / @ % : -)"),
         ("slow-rank:rank=1.5", "rank=1.5", "(expected an integer)"),
         ("ckpt-eio:after=1s", "ckpt-eio", "ckpt-eio: key 'path' is required"),
         ("a+b+c+d+e+f+g+h+i", "a+b+c+d+e+f+g+h+i", "more than 8 faults"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -382,39 +382,83 @@ def test_just_finished_job_comes_from_squeue_not_slurmdbds_placeholder() -> None
     assert calls_to(runner, "sacct") == []
 
 
+def _job_record_squeue(argv: tuple[str, ...]) -> Completed:
+    """squeue as recorded on the sandbox: the job records, and the jobs on node1 (shared) or node2."""
+    if "--nodelist=node1" in argv:
+        return ok(argv, (V22 / "squeue_node_jobs_shared.txt").read_text())
+    if any(a.startswith("--nodelist=") for a in argv):
+        return ok(argv, (V22 / "squeue_node_jobs_exclusive.txt").read_text())
+    return ok(argv, (V22 / "squeue_job_record.txt").read_text())
+
+
 def test_job_record_from_squeue_fields_a_user_cannot_write() -> None:
-    runner = slurm(V22, {"squeue": lambda a: ok(a, (V22 / "squeue_job_record.txt").read_text())})
+    runner = slurm(V22, {"squeue": _job_record_squeue})
     cli = SlurmCLI(ENV, runner)
-    job = cli.job_record("1")
+    job = cli.job_record("4")
     # The job's name holds " AdminComment=slurm-chaos=evil|y": squeue -O never prints it.
     assert job.admin_comment == "slurm-chaos=netem:delay=0.005s"
     assert (job.user_id, job.user, job.account, job.partition, job.reservation) == (
         0, "root", "root", "debug", "chaos_maint",
     )  # fmt: skip
-    assert job.exclusive and not job.array and not job.het
-    assert (job.num_nodes, job.nodes) == (2, ("node1", "node2"))
-    task = cli.job_record("2")  # an array's id lists its tasks too: the row of job 2 is the one
+    assert job.exclusive and not job.array and not job.het and job.other_jobs == ()
+    assert (job.num_nodes, job.nodes) == (1, ("node2",))
+    assert job.end_time is not None and job.submit_time is not None
+    assert (job.end_time - job.submit_time).total_seconds() == 601  # -t 10, started a second later
+    assert calls_to(runner, "squeue")[0][:3] == ("squeue", "--noheader", "--jobs=4")
+    assert calls_to(runner, "squeue")[1][:4] == ("squeue", "--noheader", "--states=all", "--nodelist=node2")
+    task = cli.job_record("6")  # an array's id lists its tasks too: the row of job 6 is the one
     assert task.array and not task.exclusive and task.admin_comment == ""
-    assert calls_to(runner, "squeue")[0][:3] == ("squeue", "--noheader", "--jobs=1")
     with pytest.raises(SlurmError, match="job 99: not known"):
         cli.job_record("99")
 
 
-@pytest.mark.parametrize(
-    ("job", "partition", "exclusive"),
-    [("NO", "NO", True), ("OK", "NO", False), ("OK", "EXCLUSIVE", True), ("NO", "FORCE:4", False),
-     ("USER", "YES:4", False)],
-)  # fmt: skip
-def test_exclusive_means_no_other_job_on_the_nodes(job: str, partition: str, exclusive: bool) -> None:
+def test_a_job_that_shares_its_node_or_holds_every_cpu_without_exclusive_is_not_alone() -> None:
+    """Recorded: jobs 2 and 3 share node1 (job 1 finished there just before: it holds nothing);
+    job 5 holds both CPUs of node3 without --exclusive (OverSubscribe=OK) and no time limit."""
+    cli = SlurmCLI(ENV, slurm(V22, {"squeue": _job_record_squeue}))
+    shared = cli.job_record("2")
+    assert shared.other_jobs == ("3",) and not shared.exclusive
+    assert not replace(shared, job_oversubscribe="NO").exclusive  # even as --exclusive would say
+    every_cpu = cli.job_record("5")
+    assert every_cpu.job_oversubscribe == "OK" and not every_cpu.exclusive
+    assert every_cpu.end_time is None  # EndTime NONE: no time limit
+
+
+def test_the_jobs_holding_a_node() -> None:
     from slurm_chaos.slurm import parse
 
-    line = f"7|N/A|N/A|1001|alice|a|p|(null)|{job}|1|node1|(null)|\n"
+    states = parse.parse_node_jobs((V22 / "squeue_node_jobs_shared.txt").read_text())
+    assert states == {"1": JobState.COMPLETED, "2": JobState.RUNNING, "3": JobState.RUNNING}
+    assert parse.holders(states, "2") == ("3",)
+    assert parse.holders({**states, "8": JobState.SUSPENDED, "9": JobState.PENDING}, "3") == ("2", "8")
+    assert parse.holders({"4": JobState.COMPLETING}, "5") == ("4",)
+
+
+@pytest.mark.parametrize(
+    ("job", "partition", "others", "exclusive"),
+    [("NO", "NO", (), True), ("OK", "NO", (), False), ("OK", "EXCLUSIVE", (), True),
+     ("NO", "FORCE:4", (), False), ("USER", "YES:4", (), False), ("OK", "YES:4", (), False),
+     ("NO", "YES:4", (), True),
+     ("NO", "NO", ("8",), False), ("OK", "EXCLUSIVE", ("8",), False), ("NO", "NO", None, False)],
+)  # fmt: skip
+def test_exclusive_only_as_the_controller_says_and_with_no_other_job_on_the_nodes(
+    job: str, partition: str, others: tuple[str, ...] | None, exclusive: bool
+) -> None:
+    """Slurm's words, never the CPUs the job holds: on an OverSubscribe=YES partition or an SMT node
+    declared with CPUs= only a job may hold every CPU Slurm counts and still share the node. And
+    a job another one shares a node with (a suspended one under gang scheduling) is not alone."""
+    from slurm_chaos.slurm import parse
+
+    line = f"7|N/A|N/A|1001|alice|a|p|(null)|{job}|1|node1|2026-11-30T12:00:00|Unknown|(null)|\n"
     rec = parse.parse_job_records(line, {"p": partition})["7"]
+    assert rec.other_jobs is None and not rec.exclusive  # nobody asked who else is on node1
+    rec = replace(rec, other_jobs=others)
     assert rec.exclusive is exclusive and rec.reservation == "" and rec.admin_comment == ""
+    assert rec.end_time is None and rec.submit_time is not None
 
 
 def test_admin_comment_may_hold_the_separator() -> None:
     from slurm_chaos.slurm import parse
 
-    line = "7|N/A|N/A|0|root|a|p|r|NO|1|node1|slurm-chaos=x|y|\n"
+    line = "7|N/A|N/A|0|root|a|p|r|NO|1|node1|2026-11-30T12:00:00|2026-11-30T13:00:00|slurm-chaos=x|y|\n"
     assert parse.parse_job_records(line, {})["7"].admin_comment == "slurm-chaos=x|y"

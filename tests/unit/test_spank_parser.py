@@ -198,7 +198,9 @@ def _site_file(tmp_path: Path, plugstack: Path, safety: str) -> Path:
     text = "\n".join(
         line
         for line in text.splitlines()
-        if not line.startswith(("sandbox:", "safety:", "  allowed_", "  max_nodes", "  require_excl"))
+        if not line.startswith(
+            ("sandbox:", "safety:", "  allowed_", "  max_nodes", "  require_excl", "  job_interf")
+        )
     )
     text = (
         text.replace("${sandbox_slurm_conf}", str(tmp_path / "slurm.conf"))

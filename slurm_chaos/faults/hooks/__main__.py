@@ -5,10 +5,16 @@ from its AdminComment in slurmctld, its uid and user from slurmd's ``SLURM_JOB_U
 ``SLURM_JOB_USER``, the rest from slurmctld, the rules from the root-owned policy file. It never
 reads the SPEC from the job's environment (``SPANK_*`` is the user's to set). Every decision on a
 job with a SPEC goes to the audit log and to the job's grant file for the SPANK plugin; a granted
-SPEC's node-level faults are then applied by the agent. ``SLURM_CHAOS_DEADLINE`` (seconds, from
-the job) may only shorten the watchdog's deadline.
+SPEC's node-level faults are then applied by the agent. Their deadline (by which the watchdog
+reverts them even if no epilog runs and slurmctld cannot be reached) is the job's end by its time
+limit as slurmctld told the prolog, or ``--deadline`` where it has none; ``SLURM_CHAOS_DEADLINE``
+(seconds, from the job) may only shorten it. The grant holds until the same time. GPU faults act
+only on slurmd's ``SLURM_JOB_GPUS``, netem only on the policy's ``job_interface``.
 
-The epilog stops the job's agent, reverts its journal and removes its grant file.
+The epilog of every job (not only of jobs with faults: the hook script runs Python whenever the
+node has anything of slurm-chaos newer than its last tidy state) stops the job's agent, reverts
+its journal, removes its grant file, then reverts this node's journals whose deadline passed and
+removes expired grants.
 
 Every failure is logged with the 'slurm-chaos:' prefix and the exit code is always 0: a hook's
 own failure must never drain the node.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -25,9 +32,10 @@ from pathlib import Path
 
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import agent, authz
-from slurm_chaos.faults.cleanup import cleanup
+from slurm_chaos.faults.cleanup import cleanup, mark_tidy
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.node_base import log
+from slurm_chaos.faults.node_gpu import parse_job_gpus
 from slurm_chaos.faults.policy import POLICY_NAME, PolicyError
 from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
@@ -45,9 +53,22 @@ def _deadline(env: Mapping[str, str], default: float) -> float:
     return default
 
 
+def deadline_s(decision: authz.Decision, env: Mapping[str, str], default: float, now: float) -> float:
+    """Seconds until the job's faults must be undone: its end by its time limit (slurmctld's word in
+    the prolog, so an unreachable controller later changes nothing), else `default`; the job may
+    only shorten it."""
+    if decision.end is not None:
+        default = min(max(0.0, decision.end - now) + agent.TIME_LIMIT_GRACE_S, agent.MAX_DEADLINE_S)
+    return _deadline(env, default)
+
+
 def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> None:
-    """Revert this node's leftovers whose deadline passed (no Slurm call from a hook: deadline only)."""
-    for line in cleanup(args.journal_root, [node], runner, job_running=lambda _job: None):
+    """Revert this node's leftovers whose deadline passed and remove expired grants (no Slurm call
+    from a hook: by deadline only)."""
+    lines = cleanup(
+        args.journal_root, [node], runner, job_running=lambda _job: None, grant_default_s=args.deadline
+    )
+    for line in lines:
         log.info("%s cleanup: %s", kind, line)
 
 
@@ -69,7 +90,6 @@ def _decide(
         authz.audit(args.audit_log, decision)
     except OSError as exc:
         decision = replace(decision, refused=f"cannot write the audit log {args.audit_log}: {exc}")
-    authz.write_grant(args.journal_root, decision)
     return decision
 
 
@@ -78,11 +98,18 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
     if not job.isdigit() or not node:
         log.error("prolog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
         return
+    # First of all: a grant holds for one run of the job. One left under this id (a node that
+    # crashed, a controller whose state was reset and now hands the id out again) grants nothing.
+    for path in authz.remove_grant(args.journal_root, node, job):
+        log.warning(
+            "prolog: job %s on %s: removed a grant left by an earlier run of this job id: %s", job, node, path
+        )
     _stale(args, node, runner, "prolog")
-    authz.remove_grant(args.journal_root, node, job)  # a grant holds for one run of the job
     decision = _decide(args, job, node, env, scheduler)
     if decision is None:
         return
+    deadline = deadline_s(decision, env, args.deadline, time.time())
+    authz.write_grant(args.journal_root, decision, time.time() + deadline)
     spec = authz.escaped(decision.spec)
     if not decision.granted:
         log.warning("prolog: job %s on %s: SPEC %s refused: %s", job, node, spec, decision.refused)
@@ -91,7 +118,7 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         job,
         node,
         decision.spec,
-        _deadline(env, args.deadline),
+        deadline,
         args.journal_root,
         runner,
         nodes=decision.nodes,
@@ -99,6 +126,8 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         gid=int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else None,
         log_file=args.log_file,
         ckpt_roots=args.ckpt_root,
+        job_interface=decision.job_interface,
+        gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")),
     )
     log.info(
         "prolog: job %s on %s: SPEC %s granted: applied [%s] failed [%s] agent %s %s",
@@ -121,6 +150,7 @@ def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         log.info("epilog: job %s on %s: %s", job, node, line)
     authz.remove_grant(args.journal_root, node, job)
     _stale(args, node, runner, "epilog")
+    mark_tidy(args.journal_root, node)
 
 
 def _default_policy(env: Mapping[str, str]) -> Path:
@@ -142,7 +172,12 @@ def main(
     p.add_argument("--log-file", type=Path, default=None)
     p.add_argument("--policy", type=Path, default=_default_policy(environ))
     p.add_argument("--audit-log", type=Path, default=authz.DEFAULT_AUDIT_LOG)
-    p.add_argument("--deadline", type=float, default=agent.DEFAULT_DEADLINE_S)
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=agent.DEFAULT_DEADLINE_S,
+        help="seconds until the watchdog undoes a job's faults when slurmctld gave the prolog no end time",
+    )
     p.add_argument("--ckpt-root", action="append", default=[], help="an allowed checkpoint root (repeatable)")
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
