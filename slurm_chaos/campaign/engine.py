@@ -293,7 +293,8 @@ def watch(
     """Poll until the job's run ends (a requeue starts another); inject each fault when it is due.
 
     Each tick asks Slurm once about the job (and the watcher once about its nodes); the wait between
-    ticks grows while nothing changes and is cut short when a fault falls due.
+    ticks grows while nothing changes, and stays short while a fault waits for the job to start
+    and when one falls due.
     """
     pending = list(faults)
     injections: list[Injection] = []
@@ -330,6 +331,9 @@ def watch(
         if camp.clock.monotonic() - t0 > limit:
             camp.scheduler.cancel([job.job_id])
             raise ChaosError(f"job {job.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
+        if pending and job.started is None:
+            # A fault falls due so long after the job starts: see the start as soon as it happens.
+            backoff.reset()
         wait = backoff.interval()
         if pending and job.started is not None:
             wait = min(wait, max(0.0, job.started + pending[0].after_s - camp.clock.time()))

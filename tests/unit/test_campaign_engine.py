@@ -406,3 +406,19 @@ def test_settle_waits_for_the_health_check(
     fake.nodes = nodes  # type: ignore[method-assign,assignment]
     assert engine.settle(camp, ["n01", "n02"]) == []
     assert not fake.called("resume")
+
+
+def test_a_fault_waiting_for_the_start_keeps_polling_fast(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    fake.lifecycle = lambda sub: [*[JobInfo("", "job", JobState.PENDING)] * 10, *simple(sub)]
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    p = engine.plan(camp, camp.experiments[0])
+    job = engine.submit(camp, camp.experiments[0], "fault", "node-drain-requeue", p.exp_dir / "fault")
+    clock.sleeps.clear()
+    watched = engine.watch(camp, job, "node-drain-requeue", None, camp.experiments[0], p.faults)
+    assert clock.sleeps[:11] == [0.5] * 11  # pending: the start is seen within half a second
+    (injection,) = watched.injections
+    assert watched.job.started is not None
+    assert injection.at - watched.job.started == pytest.approx(6.0)  # exactly when due
+    assert injection.nodes == ("n02",) and injection.requeued
