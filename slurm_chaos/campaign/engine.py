@@ -45,6 +45,8 @@ from slurm_chaos.rundir import (
     Manifest,
     Observation,
     ObservationLog,
+    Role,
+    RunKind,
     SubmittedJob,
     write_observations,
 )
@@ -111,7 +113,7 @@ def open_campaign(
     resume: bool,
     scheduler: Scheduler,
     control: controller.NodeControl,
-    kind: str,
+    kind: RunKind | str,
     progress: Progress,
     clock: Clock | None = None,
     time_budget_s: float | None = None,
@@ -125,7 +127,7 @@ def open_campaign(
     clock = clock or SystemClock()
     for exp in experiments:
         check_limits(site, exp)
-        spec = fault_spec(site, exp, "fault", "check")
+        spec = fault_spec(site, exp, Role.FAULT, "check")
         if spec:
             parse_spec(spec)
     if resume:
@@ -146,7 +148,7 @@ def open_campaign(
             cluster=site.cluster,
             started=clock.time(),
             experiments=[],
-            kind=kind,
+            kind=RunKind(kind),
             slurm_version=scheduler.version(),
         )
     manifest.planned = [e.name for e in experiments]
@@ -177,7 +179,7 @@ class Plan:
 
 def plan(camp: Campaign, exp: Experiment) -> Plan:
     """Where the experiment's files go, its job shape, and its controller faults in the order due."""
-    spec = fault_spec(camp.site, exp, "fault", camp.manifest.run_id)
+    spec = fault_spec(camp.site, exp, Role.FAULT, camp.manifest.run_id)
     requests = parse_spec(spec) if spec else ()
     timed = [
         TimedFault(float(r.resolved().get("after", exp.fault.start_after_s)), r)
@@ -193,7 +195,7 @@ def plan(camp: Campaign, exp: Experiment) -> Plan:
 
 
 # ------------------------------------------------------------------ submit
-def submit(camp: Campaign, exp: Experiment, role: str, label: str, job_dir: Path) -> SubmittedJob:
+def submit(camp: Campaign, exp: Experiment, role: Role, label: str, job_dir: Path) -> SubmittedJob:
     """Render the job script next to its output directory and submit it."""
     job_dir.mkdir(parents=True, exist_ok=True)
     script = job_dir.parent / f"{job_dir.name}.sbatch"
@@ -415,11 +417,11 @@ def collect(camp: Campaign, p: Plan, watched: Watched) -> ObservationLog:
 def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str) -> Path:
     """Run the experiment's job without its fault (a baseline or an A/A run) to completion, once:
     a run directory that already holds it completed (a resumed run) submits nothing."""
-    done = camp.manifest.job(label, "baseline")
+    done = camp.manifest.job(label, Role.BASELINE)
     if done is not None and done.state == JobState.COMPLETED:
         return job_dir
     t0 = camp.clock.monotonic()
-    job = submit(camp, exp, "baseline", label, job_dir)
+    job = submit(camp, exp, Role.BASELINE, label, job_dir)
     watched = watch(camp, job, title)
     if watched.crashed:
         raise ChaosError(
@@ -451,7 +453,7 @@ def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
     _baseline(camp, p)
     t_base = clock.monotonic()
     with rolled_back(camp, exp.name):
-        job = submit(camp, exp, "fault", exp.name, p.exp_dir / "fault")
+        job = submit(camp, exp, Role.FAULT, exp.name, p.exp_dir / "fault")
         t_submitted = clock.monotonic()
         watcher = Watcher(camp.scheduler, job.job_id, camp.site.monitoring.alertmanager, clock)
         watched = watch(camp, job, exp.name, watcher, exp, p.faults)

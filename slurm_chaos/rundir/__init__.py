@@ -21,12 +21,13 @@ from slurm_chaos.rundir.layout import (
     CONTROLLER_JOURNAL,
     MANIFEST,
     OBSERVATIONS,
+    Role,
     aa_dir,
     baseline_dir,
     experiment_dir,
     new_run_id,
 )
-from slurm_chaos.rundir.manifest import Manifest, SubmittedJob, read_manifest, write_manifest
+from slurm_chaos.rundir.manifest import Manifest, RunKind, SubmittedJob, read_manifest, write_manifest
 from slurm_chaos.rundir.observations import (
     Expectation,
     FaultWindow,
@@ -48,6 +49,8 @@ __all__ = [
     "Manifest",
     "Observation",
     "ObservationLog",
+    "Role",
+    "RunKind",
     "SubmittedJob",
     "aa_dir",
     "baseline_dir",

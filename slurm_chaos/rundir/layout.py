@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import time
+from enum import StrEnum
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 OBSERVATIONS = "observations.json"
 CONTROLLER_JOURNAL = "controller-journal.jsonl"
+
+
+class Role(StrEnum):
+    """Which of an experiment's two jobs: the unfaulted baseline or the fault run (also the names of
+    their script and output directory)."""
+
+    BASELINE = "baseline"
+    FAULT = "fault"
 
 
 def new_run_id(label: str, now: float | None = None) -> str:

@@ -15,13 +15,24 @@ import platform
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import DataError
-from slurm_chaos.rundir.layout import MANIFEST
+from slurm_chaos.rundir.layout import MANIFEST, Role
 from slurm_chaos.slurm.model import JobState
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class RunKind(StrEnum):
+    """Which command made the run directory."""
+
+    RUN = "run"
+    CAMPAIGN = "campaign"
+    CALIBRATION = "calibration"
 
 
 @dataclass(frozen=True)
@@ -29,7 +40,7 @@ class SubmittedJob:
     """One job the run submitted, as the run directory remembers it (Unix seconds)."""
 
     experiment: str
-    role: str
+    role: Role
     job_id: str
     script: str
     submitted: float
@@ -50,7 +61,7 @@ class Manifest:
     # Experiments with results, in plan order: what the report covers (a partial run covers fewer).
     experiments: list[str]
     cluster: str = ""
-    kind: str = "run"
+    kind: RunKind = RunKind.RUN
     tool_version: str = __version__
     python: str = field(default_factory=lambda: platform.python_version())
     slurm_version: str = ""
@@ -66,7 +77,7 @@ class Manifest:
     min_effect: float | None = None
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
 
-    def job(self, experiment: str, role: str) -> SubmittedJob | None:
+    def job(self, experiment: str, role: Role) -> SubmittedJob | None:
         return next((j for j in self.jobs if j.experiment == experiment and j.role == role), None)
 
     def put_job(self, job: SubmittedJob) -> None:
@@ -77,7 +88,7 @@ class Manifest:
                 return
         self.jobs.append(job)
 
-    def forget_job(self, experiment: str, role: str) -> None:
+    def forget_job(self, experiment: str, role: Role) -> None:
         self.jobs = [j for j in self.jobs if not (j.experiment == experiment and j.role == role)]
 
     def complete(self, experiment: str) -> None:
@@ -89,7 +100,11 @@ class Manifest:
 
 def _to_json(manifest: Manifest) -> dict[str, Any]:
     data = asdict(manifest)
-    data["jobs"] = [{**asdict(j), "nodes": list(j.nodes), "state": j.state.value} for j in manifest.jobs]
+    data["kind"] = manifest.kind.value
+    data["jobs"] = [
+        {**asdict(j), "role": j.role.value, "nodes": list(j.nodes), "state": j.state.value}
+        for j in manifest.jobs
+    ]
     return data
 
 
@@ -120,7 +135,6 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,),
     "site": (str,),
     "cluster": (str,),
-    "kind": (str,),
     "tool_version": (str,),
     "python": (str,),
     "slurm_version": (str,),
@@ -162,6 +176,7 @@ def _manifest(raw: dict[str, Any], path: Path) -> Manifest:
     plain = {k: v for k, v in raw.items() if k in _TYPES}
     return Manifest(
         **plain,
+        kind=_enum(RunKind, raw.get("kind", RunKind.RUN.value), path, "kind"),
         started=_when(raw.get("started"), path, "started"),
         experiments=names,
         finished=_when(raw.get("finished"), path, "finished"),
@@ -182,7 +197,7 @@ def _job(raw: object, path: Path, i: int) -> SubmittedJob:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise DataError(f"{path}: {where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-    for key in ("experiment", "role", "job_id", "script"):
+    for key in ("experiment", "job_id", "script"):
         if not isinstance(raw.get(key), str):
             raise DataError(f"{path}: {where}.{key}: expected a string, got {raw.get(key)!r}")
     submitted = _when(raw.get("submitted"), path, f"{where}.submitted")
@@ -194,7 +209,7 @@ def _job(raw: object, path: Path, i: int) -> SubmittedJob:
     state = JobState.parse(str(raw.get("state", "PENDING")))
     return SubmittedJob(
         experiment=raw["experiment"],
-        role=raw["role"],
+        role=_enum(Role, raw.get("role"), path, f"{where}.role"),
         job_id=raw["job_id"],
         script=raw["script"],
         submitted=submitted,
@@ -204,6 +219,14 @@ def _job(raw: object, path: Path, i: int) -> SubmittedJob:
         ended=_when(raw.get("ended"), path, f"{where}.ended"),
         restarts=restarts,
     )
+
+
+def _enum(kind: type[E], value: object, path: Path, key: str) -> E:
+    try:
+        return kind(str(value)) if isinstance(value, str) else kind(None)  # type: ignore[arg-type]
+    except ValueError:
+        known = ", ".join(m.value for m in kind)
+        raise DataError(f"{path}: {key}: expected one of {known}, got {value!r}") from None
 
 
 def _is_number(value: object) -> bool:

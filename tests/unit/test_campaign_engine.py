@@ -114,7 +114,7 @@ def test_each_tick_asks_once_per_kind_and_backs_off(
 ) -> None:
     camp = campaign(site, fake, clock, tmp_path, "control-aa")
     before = fake.queries.copy()
-    job = engine.submit(camp, camp.experiments[0], "fault", "control-aa", tmp_path / "f")
+    job = engine.submit(camp, camp.experiments[0], rundir.Role.FAULT, "control-aa", tmp_path / "f")
     watcher = engine.Watcher(fake, job.job_id, None, clock)
     clock.sleeps.clear()
     watched = engine.watch(camp, job, "control-aa", watcher)
@@ -355,7 +355,7 @@ def test_avoid_slow_node_is_skipped_when_the_job_crashed(
     camp = campaign(site, fake, clock, tmp_path, "known-slow-node")
     # The baseline would fail first: run the fault job's stages by hand.
     p = engine.plan(camp, camp.experiments[0])
-    job = engine.submit(camp, camp.experiments[0], "fault", "known-slow-node", p.exp_dir / "fault")
+    job = engine.submit(camp, camp.experiments[0], rundir.Role.FAULT, "known-slow-node", p.exp_dir / "fault")
     watched = engine.watch(camp, job, "known-slow-node")
     log = engine.collect(camp, p, watched)
     assert log.crashed and not fake.called("update_node") and not fake.called("submit_wrap")
@@ -414,7 +414,9 @@ def test_a_fault_waiting_for_the_start_keeps_polling_fast(
     fake.lifecycle = lambda sub: [*[JobInfo("", "job", JobState.PENDING)] * 10, *simple(sub)]
     camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
     p = engine.plan(camp, camp.experiments[0])
-    job = engine.submit(camp, camp.experiments[0], "fault", "node-drain-requeue", p.exp_dir / "fault")
+    job = engine.submit(
+        camp, camp.experiments[0], rundir.Role.FAULT, "node-drain-requeue", p.exp_dir / "fault"
+    )
     clock.sleeps.clear()
     watched = engine.watch(camp, job, "node-drain-requeue", None, camp.experiments[0], p.faults)
     assert clock.sleeps[:11] == [0.5] * 11  # pending: the start is seen within half a second

@@ -47,7 +47,7 @@ def test_a_manifest_in_the_analysis_form_loads() -> None:
         ({"experiments": ["a", "a"]}, r"manifest\.json: experiments: names repeat"),
         ({"min_effect": "big"}, r"manifest\.json: min_effect: expected a fraction"),
         ({"interrupted": "yes"}, r"manifest\.json: interrupted: expected bool"),
-        ({"jobs": [{"experiment": "x"}]}, r"manifest\.json: jobs\[0\]\.role: expected a string"),
+        ({"jobs": [{"experiment": "x"}]}, r"manifest\.json: jobs\[0\]\.job_id: expected a string"),
         (
             {
                 "jobs": [
@@ -99,3 +99,24 @@ def test_calibration_round_trip(tmp_path: Path) -> None:
     path = rundir.write_calibration(tmp_path, {"recommended_min_effect": 0.12, "runs": ["a"]})
     assert path.name == rundir.CALIBRATION_FILE
     assert rundir.load_recommended_min_effect(path) == 0.12
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kind": "party"}, r"manifest\.json: kind: expected one of run, campaign, calibration, got 'party'"),
+        (
+            {"jobs": [{"experiment": "x", "role": "warmup", "job_id": "1", "script": "s", "submitted": 1.0}]},
+            r"manifest\.json: jobs\[0\]\.role: expected one of baseline, fault, got 'warmup'",
+        ),
+    ],
+)
+def test_enums_in_the_manifest_name_what_they_accept(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    shutil.copytree(DATA / "campaign-0.x", tmp_path / "run")
+    path = tmp_path / "run" / rundir.MANIFEST
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(DataError, match=message):
+        rundir.read_manifest(tmp_path / "run")
+    assert rundir.read_manifest(DATA / "campaign-0.x").kind is rundir.RunKind.CAMPAIGN
