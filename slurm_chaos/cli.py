@@ -310,7 +310,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from slurm_chaos.experiment import load_experiment
 
     if args.dirs:
-        from slurm_chaos.analysis.calibrate import calibrate_dirs, load_recommended_min_effect
+        from slurm_chaos.analysis.calibrate import calibrate_dirs
+        from slurm_chaos.rundir import load_recommended_min_effect
 
         min_effect = (
             load_recommended_min_effect(Path(args.calibration)) if args.calibration else args.min_effect
@@ -363,12 +364,11 @@ def _rank_nodes(args: argparse.Namespace) -> int:
         if not args.site:
             raise UsageError("--apply needs --site")
         site = load_site(args.site)
-        runner = SubprocessRunner()
-        scheduler = make_scheduler(site.slurm_env(), runner)
+        scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
         settings = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
-        apply_settings(runner, site.slurm_env(), settings)
+        apply_settings(scheduler, settings)
         for s in settings:
-            print("applied: " + " ".join(s.argv()[2:]))
+            print("applied: " + s.describe())
     return 0
 
 

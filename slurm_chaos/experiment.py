@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,38 @@ from slurm_chaos.errors import ConfigError, UsageError
 from slurm_chaos.resources import shipped
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.json"
+
+
+# The schema's enums (tests/unit/test_experiments.py holds them equal).
+class Strategy(StrEnum):
+    """Which part of the cluster an experiment exercises."""
+
+    CONTROL = "control"
+    GPU = "gpu"
+    RESOURCE = "resource"
+    NETWORK = "network"
+    STORAGE = "storage"
+    NUMA = "numa"
+    TOPOLOGY = "topology"
+    VARIABILITY = "variability"
+    NODE = "node"
+
+
+class Mode(StrEnum):
+    """What the probe runs: a training loop or bare all-reduces."""
+
+    TRAIN = "train"
+    ALLREDUCE = "allreduce"
+
+
+class Remediation(StrEnum):
+    """A step the cluster must take after the fault (``expect.remediation``)."""
+
+    DRAIN = "drain"
+    REQUEUE = "requeue"
+    RESUME = "resume"
+    RESCHEDULE_SAME_SWITCH = "reschedule_same_switch"
+    AVOID_SLOW_NODE = "avoid_slow_node"
 
 
 @dataclass(frozen=True)
@@ -51,7 +84,7 @@ class Expect:
     regression: bool = True
     detect: tuple[str, ...] = ()
     detect_within_s: float | None = None
-    remediation: tuple[str, ...] = ()
+    remediation: tuple[Remediation, ...] = ()
     remediate_within_s: float | None = None
     max_lost_steps: int | None = None
 
@@ -59,7 +92,7 @@ class Expect:
 @dataclass(frozen=True)
 class Experiment:
     name: str
-    strategy: str
+    strategy: Strategy
     description: str
     fault: Fault
     expect: Expect
@@ -67,7 +100,7 @@ class Experiment:
     nodes: int = 2
     tasks_per_node: int | None = None
     steps: int | None = None
-    mode: str = "train"
+    mode: Mode = Mode.TRAIN
     requeue: bool = False
     switches: int | None = None
     constraint: str | None = None
@@ -113,13 +146,16 @@ def load_experiment_file(path: Path) -> Experiment:
         regression=e.get("regression", True),
         detect=tuple(e.get("detect", ())),
         detect_within_s=e.get("detect_within_s"),
-        remediation=tuple(e.get("remediation", ())),
+        remediation=tuple(Remediation(r) for r in e.get("remediation", ())),
         remediate_within_s=e.get("remediate_within_s"),
         max_lost_steps=e.get("max_lost_steps"),
     )
-    rest = {k: v for k, v in data.items() if k not in ("fault", "expect", "hypothesis")}
+    rest = {k: v for k, v in data.items() if k not in ("fault", "expect", "hypothesis", "strategy", "mode")}
     return Experiment(
-        **rest, fault=fault, expect=expect, path=path, hypothesis=Hypothesis(**data.get("hypothesis", {}))
+        **rest,
+        strategy=Strategy(data["strategy"]),
+        mode=Mode(data.get("mode", Mode.TRAIN)),
+        fault=fault, expect=expect, path=path, hypothesis=Hypothesis(**data.get("hypothesis", {}))
     )
 
 

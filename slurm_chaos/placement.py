@@ -14,8 +14,8 @@ from pathlib import Path
 from slurm_chaos.analysis.straggler import SLOW_COMPUTE, straggler_scores
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.probe.reader import read_run
-from slurm_chaos.runner import Runner
 from slurm_chaos.slurm.model import NodeInfo
+from slurm_chaos.slurm.protocol import Scheduler
 
 FAST_FEATURE = "fast"
 SLOW_THRESHOLD = 0.90  # a node below 90% of the fastest node's speed is "slow"
@@ -84,22 +84,14 @@ def format_ranking(ranking: list[NodeRank]) -> str:
 
 @dataclass(frozen=True)
 class NodeSetting:
-    """What `scontrol update` sets on one node (and what restores it)."""
+    """A node's scheduling weight and features: what placement sets (and what restores it)."""
 
     node: str
     weight: int
     features: tuple[str, ...]
 
-    def argv(self) -> list[str]:
-        feats = ",".join(self.features) or "(null)"
-        return [
-            "scontrol",
-            "update",
-            f"NodeName={self.node}",
-            f"Weight={self.weight}",
-            f"AvailableFeatures={feats}",
-            f"ActiveFeatures={feats}",
-        ]
+    def describe(self) -> str:
+        return f"NodeName={self.node} Weight={self.weight} Features={','.join(self.features) or '(null)'}"
 
 
 def proposals(ranking: list[NodeRank], current: dict[str, NodeInfo]) -> list[NodeSetting]:
@@ -116,24 +108,11 @@ def proposals(ranking: list[NodeRank], current: dict[str, NodeInfo]) -> list[Nod
     return out
 
 
-def current_setting(info: NodeInfo, weight: int) -> NodeSetting:
-    return NodeSetting(info.name, weight, info.features)
+def current_setting(info: NodeInfo) -> NodeSetting:
+    """A node's setting now (a weight Slurm did not report is the default one)."""
+    return NodeSetting(info.name, BASE_WEIGHT if info.weight is None else info.weight, info.features)
 
 
-def read_weights(runner: Runner, env: dict[str, str], nodes: Iterable[str]) -> dict[str, int]:
-    res = runner(["sinfo", "-h", "-N", "-o", "%N %w", "-n", ",".join(nodes)], timeout=15, env=env)
-    if not res.ok:
-        raise SlurmError(f"sinfo: {res.stderr.strip()}")
-    weights = {}
-    for line in res.stdout.splitlines():
-        name, _, weight = line.partition(" ")
-        if weight.strip().isdigit():
-            weights[name] = int(weight)
-    return weights
-
-
-def apply_settings(runner: Runner, env: dict[str, str], settings: Iterable[NodeSetting]) -> None:
+def apply_settings(scheduler: Scheduler, settings: Iterable[NodeSetting]) -> None:
     for s in settings:
-        res = runner(s.argv(), timeout=15, env=env)
-        if not res.ok:
-            raise SlurmError(f"scontrol update NodeName={s.node}: {res.stderr.strip()}")
+        scheduler.update_node(s.node, weight=s.weight, features=s.features)

@@ -16,9 +16,10 @@ from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
 from slurm_chaos.experiment import Experiment
 from slurm_chaos.resources import shipped
+from slurm_chaos.rundir.layout import Role
 from slurm_chaos.site import Site
 
-ROLES = ("baseline", "fault")
+ROLES = tuple(Role)
 
 
 def templates_dir() -> Path:
@@ -33,7 +34,7 @@ def templates_dir() -> Path:
 
 @dataclass(frozen=True)
 class RenderedJob:
-    role: str
+    role: Role
     script: Path
     job_dir: Path
 
@@ -84,13 +85,13 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
     return sorted(set(names) - set(features))
 
 
-def checkpoint_dir(site: Site, experiment: Experiment, role: str, run_id: str) -> Path:
+def checkpoint_dir(site: Site, experiment: Experiment, role: Role, run_id: str) -> Path:
     return Path(site.checkpoint.path) / run_id / experiment.name / role
 
 
-def fault_spec(site: Site, experiment: Experiment, role: str, run_id: str) -> str | None:
+def fault_spec(site: Site, experiment: Experiment, role: Role, run_id: str) -> str | None:
     """The job's --chaos SPEC, with ${checkpoint_dir} filled in (faults on the checkpoint path need it)."""
-    if role != "fault" or experiment.fault.spec is None:
+    if role != Role.FAULT or experiment.fault.spec is None:
         return None
     ckpt = checkpoint_dir(site, experiment, role, run_id)
     try:
@@ -101,10 +102,9 @@ def fault_spec(site: Site, experiment: Experiment, role: str, run_id: str) -> st
         ) from exc
 
 
-def render_job(site: Site, experiment: Experiment, role: str, job_dir: Path, run_id: str) -> str:
-    """The text of one sbatch script (role 'baseline' or 'fault')."""
-    if role not in ROLES:
-        raise ValueError(role)
+def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str) -> str:
+    """The text of one sbatch script."""
+    role = Role(role)
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     return template.render(

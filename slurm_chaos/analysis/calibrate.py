@@ -17,7 +17,6 @@ seen; ``slurm-chaos campaign --calibration calibration.json`` uses it.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter
@@ -28,7 +27,6 @@ from typing import Any
 
 from scipy import stats as sps
 
-from slurm_chaos.analysis.model import Expectation, FaultWindow, ObservationLog
 from slurm_chaos.analysis.regression import (
     MIN_EFFECT,
     SEED,
@@ -43,8 +41,8 @@ from slurm_chaos.analysis.regression import (
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import read_run
+from slurm_chaos.rundir import Expectation, FaultWindow, ObservationLog
 
-CALIBRATION_FILE = "calibration.json"
 MAX_FALSE_POSITIVE_RATE = 0.01
 
 
@@ -172,19 +170,3 @@ def calibrate_dirs(dirs: Sequence[Path], min_effect: float = MIN_EFFECT) -> AACa
         shapes = ", ".join(f"{r.directory}: {r.world_size}" for r in runs)
         raise DataError(f"A/A runs must have the same number of ranks ({shapes})")
     return calibrate_series([str(d) for d in dirs], [job_series(r) for r in runs], min_effect)
-
-
-def load_recommended_min_effect(path: Path) -> float:
-    """The ``recommended_min_effect`` of a calibration.json written by `slurm-chaos calibrate`."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(
-            f"{path}: no such calibration file (write one with 'slurm-chaos calibrate')"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: not a calibration file ({exc})") from exc
-    value = data.get("recommended_min_effect") if isinstance(data, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 10:
-        raise DataError(f"{path}: recommended_min_effect: expected a fraction such as 0.2, got {value!r}")
-    return float(value)

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.model import (
-    OBSERVATIONS_FILE,
-    ExperimentResult,
-    FaultWindow,
-    Observation,
-    ObservationLog,
-    Verdict,
-    load_observations,
-)
+from slurm_chaos.analysis.model import ExperimentResult, Verdict
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import straggler_scores, stragglers
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
+from slurm_chaos.rundir import OBSERVATIONS, FaultWindow, Observation, ObservationLog, load_observations
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -39,18 +31,6 @@ PROBE_EVENT_SIGNALS = {
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """``manifest.json`` of a run directory; ``min_effect`` (optional) overrides the practical
-    threshold, e.g. with an A/A calibration's ``min_effect_for_1pct`` for a noisy cluster."""
-
-    run_id: str
-    site: str
-    started: str
-    experiments: tuple[str, ...]
-    min_effect: float = MIN_EFFECT
-
-
-@dataclass(frozen=True)
 class ExperimentAnalysis:
     """An experiment's result plus what the plots need."""
 
@@ -61,38 +41,6 @@ class ExperimentAnalysis:
     fault_series: JobSeries | None
     window: FaultWindow
     fault_steps: npt.NDArray[np.bool_]  # the fault run's steps that count as under fault
-
-
-def load_manifest(run_dir: Path) -> Manifest:
-    path = run_dir / "manifest.json"
-    if not run_dir.is_dir():
-        raise DataError(f"{run_dir}: no such run directory")
-    if not path.is_file():
-        raise DataError(f"{path}: no such file; is {run_dir} a slurm-chaos run directory?")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise DataError(f"{path}: expected a JSON object")
-    for key in ("run_id", "experiments"):
-        if key not in raw:
-            raise DataError(f"{path}: {key}: missing")
-    names = raw["experiments"]
-    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-        raise DataError(f"{path}: experiments: expected a list of experiment names")
-    if len(set(names)) != len(names):
-        raise DataError(f"{path}: experiments: names repeat")
-    min_effect = raw.get("min_effect", MIN_EFFECT)
-    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)) or not 0 <= min_effect < 10:
-        raise DataError(f"{path}: min_effect: expected a fraction such as 0.02, got {min_effect!r}")
-    return Manifest(
-        str(raw["run_id"]),
-        str(raw.get("site", "")),
-        str(raw.get("started", "")),
-        tuple(names),
-        float(min_effect),
-    )
 
 
 def _read_side(exp_dir: Path, side: str) -> RunData:
@@ -171,7 +119,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
     """Compare, localise stragglers and judge one experiment."""
     if not exp_dir.is_dir():
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
-    log = load_observations(exp_dir / OBSERVATIONS_FILE)
+    log = load_observations(exp_dir / OBSERVATIONS)
     baseline = _read_side(exp_dir, "baseline")
     try:
         fault = _read_side(exp_dir, "fault")

@@ -32,9 +32,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
-from slurm_chaos.analysis.model import Comparison, FaultWindow, Stats
+from slurm_chaos.analysis.model import Comparison, Stats
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import RunData
+from slurm_chaos.rundir import FaultWindow
 
 FloatArray = npt.NDArray[np.float64]
 

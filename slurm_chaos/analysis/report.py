@@ -2,10 +2,10 @@
 
 Layout read::
 
-    RUN_DIR/manifest.json                       {"run_id", "site", "started", "experiments": [names]}
+    RUN_DIR/manifest.json                       run id, site, start, experiments (slurm_chaos.rundir)
     RUN_DIR/experiments/<name>/baseline/rank-<R>.h5
     RUN_DIR/experiments/<name>/fault/rank-<R>.h5
-    RUN_DIR/experiments/<name>/observations.json
+    RUN_DIR/experiments/<name>/observations.json (slurm_chaos.rundir)
 
 Every output depends only on the directory's contents (seeded bootstrap, no clock), so running the
 report twice gives byte-identical files.
@@ -19,12 +19,14 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from slurm_chaos.analysis.experiment import ExperimentAnalysis, Manifest, analyse_experiment, load_manifest
+from slurm_chaos.analysis.experiment import ExperimentAnalysis, analyse_experiment
 from slurm_chaos.analysis.model import ExperimentResult, Verdict
-from slurm_chaos.analysis.regression import ALPHA
+from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
+from slurm_chaos.rundir import Manifest, experiment_dir, read_manifest
 
 REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.xml"}
 
@@ -33,6 +35,14 @@ REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.x
 class RunReport:
     manifest: Manifest
     analyses: tuple[ExperimentAnalysis, ...]
+    # The practical threshold the comparisons used: the manifest's, else the analysis's default.
+    min_effect: float = MIN_EFFECT
+
+    @property
+    def started(self) -> str:
+        """The run's start as UTC ISO-8601 text ('' when unknown)."""
+        t = self.manifest.started
+        return "" if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     @property
     def results(self) -> tuple[ExperimentResult, ...]:
@@ -41,11 +51,12 @@ class RunReport:
 
 def analyse_run(run_dir: Path) -> RunReport:
     """Analyse every experiment the manifest lists; bad input raises DataError naming the file."""
-    manifest = load_manifest(run_dir)
+    manifest = read_manifest(run_dir)
+    min_effect = MIN_EFFECT if manifest.min_effect is None else manifest.min_effect
     analyses = tuple(
-        analyse_experiment(run_dir / "experiments" / n, n, manifest.min_effect) for n in manifest.experiments
+        analyse_experiment(experiment_dir(run_dir, n), n, min_effect) for n in manifest.experiments
     )
-    return RunReport(manifest, analyses)
+    return RunReport(manifest, analyses, min_effect)
 
 
 def exit_code(results: Sequence[ExperimentResult]) -> int:
@@ -102,8 +113,8 @@ def render_table(report: RunReport) -> str:
     rows = [header] + [_row(r) for r in report.results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
-        f"run {m.run_id}  site {m.site or '-'}  started {m.started or '-'}  "
-        f"significant: p < {ALPHA:g} and a change of at least {100 * m.min_effect:.1f}%",
+        f"run {m.run_id}  site {m.site or '-'}  started {report.started or '-'}  "
+        f"significant: p < {ALPHA:g} and a change of at least {100 * report.min_effect:.1f}%",
         "",
     ]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
@@ -122,7 +133,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
     return {
         "run_id": m.run_id,
         "site": m.site,
-        "started": m.started,
+        "started": report.started,
         "exit_code": exit_code(report.results),
         "experiments": [r.to_json() for r in report.results],
     }
@@ -163,7 +174,7 @@ def render_junit(report: RunReport) -> str:
         },
     )
     props = ET.SubElement(suite, "properties")
-    for key, value in (("run_id", m.run_id), ("site", m.site), ("started", m.started)):
+    for key, value in (("run_id", m.run_id), ("site", m.site), ("started", report.started)):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for a in report.analyses:
         r = a.result
@@ -292,7 +303,7 @@ def render_html(report: RunReport) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>slurm-chaos report {e(m.run_id)}</title><style>{_CSS}</style></head><body>"
         f"<h1>slurm-chaos report</h1><p>run <b>{e(m.run_id)}</b>, site <b>{e(m.site or '-')}</b>, "
-        f"started {e(m.started or '-')}</p>"
+        f"started {e(report.started or '-')}</p>"
         "<table><tr><th>experiment</th><th>fault</th><th>verdict</th><th>regression</th><th>CI</th>"
         f"<th>detect</th><th>remediate</th><th>reason</th></tr>{rows}</table>"
         + "".join(_experiment_html(a) for a in report.analyses)

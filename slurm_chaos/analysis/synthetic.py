@@ -35,15 +35,9 @@ import numpy as np
 import numpy.typing as npt
 from scipy import signal as sps
 
-from slurm_chaos.analysis.model import (
-    Expectation,
-    FaultWindow,
-    Observation,
-    ObservationLog,
-    write_observations,
-)
 from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
+from slurm_chaos.rundir import Expectation, FaultWindow, Observation, ObservationLog, write_observations
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from slurm_chaos.analysis.model import Comparison, Expectation, Observation, ObservationLog, Verdict
+from slurm_chaos.analysis.model import Comparison, Verdict
+from slurm_chaos.rundir import Expectation, Observation, ObservationLog
 
 # Short remediation names an experiment may use, and the signals that show each happened.
 REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {

@@ -7,11 +7,11 @@ in RUN_DIR/aa/run-<i>/; the calibration is written to RUN_DIR/calibration.json.
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
-from slurm_chaos.analysis.calibrate import CALIBRATION_FILE, AACalibration, calibrate_dirs
+from slurm_chaos import rundir
+from slurm_chaos.analysis.calibrate import AACalibration, calibrate_dirs
+from slurm_chaos.analysis.regression import MIN_EFFECT
 from slurm_chaos.campaign.engine import Campaign, run_unfaulted
 from slurm_chaos.errors import UsageError
 
@@ -28,15 +28,14 @@ def run_calibration(camp: Campaign, runs: int) -> AACalibration:
     dirs = []
     for i in range(runs):
         camp.progress.experiment(i + 1, runs, f"A/A run {i}")
-        dirs.append(run_unfaulted(camp, exp, f"aa:{i}", camp.run_dir / "aa" / f"run-{i}", f"A/A run {i}"))
-    camp.manifest.finished = time.time()
+        dirs.append(run_unfaulted(camp, exp, f"aa:{i}", rundir.aa_dir(camp.run_dir, i), f"A/A run {i}"))
+    camp.manifest.finished = camp.clock.time()
     camp.save()
-    result = calibrate_dirs(dirs, camp.manifest.min_effect)
+    min_effect = MIN_EFFECT if camp.manifest.min_effect is None else camp.manifest.min_effect
+    result = calibrate_dirs(dirs, min_effect)
     write_calibration(camp.run_dir, result)
     return result
 
 
 def write_calibration(run_dir: Path, result: AACalibration) -> Path:
-    path = run_dir / CALIBRATION_FILE
-    path.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
-    return path
+    return rundir.write_calibration(run_dir, result.to_json())

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -12,10 +12,12 @@ import yaml
 from slurm_chaos.campaign import controller
 from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, shape_of
 from slurm_chaos.campaign.progress import Progress
+from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.errors import ConfigError, UsageError
 from slurm_chaos.experiment import Experiment, load_experiment
 from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
+from slurm_chaos.rundir import CONTROLLER_JOURNAL, read_manifest
 from slurm_chaos.runner import SubprocessRunner
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
@@ -74,33 +76,48 @@ def describe_plan(site: Site, experiments: list[Experiment]) -> str:
     return "\n".join(lines)
 
 
-def _scheduler(site: Site) -> Scheduler:
-    return make_scheduler(site.slurm_env(), SubprocessRunner())
+@dataclass(frozen=True)
+class Connection:
+    """The door to a cluster: its scheduler, and how its nodes are lost and restored."""
+
+    scheduler: Scheduler
+    control: controller.NodeControl
+    clock: Clock = field(default_factory=SystemClock)
 
 
-def _control(site: Site, scheduler: Scheduler) -> controller.NodeControl:
-    runner = SubprocessRunner()
+def connect(site: Site) -> Connection:
+    """The real cluster the site describes: the one place the campaign builds command runners."""
+    clock = SystemClock()
+    scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
+    control: controller.NodeControl
     if site.sandbox:
-        return controller.SandboxNodeControl(site.sandbox, runner, scheduler)
-    return controller.SlurmNodeControl(scheduler, runner, site.slurm_env())
+        control = controller.SandboxNodeControl(site.sandbox, SubprocessRunner(), scheduler, clock)
+    else:
+        control = controller.SlurmNodeControl(scheduler)
+    return Connection(scheduler, control, clock)
 
 
 def start(
-    opts: Options, experiments: list[Experiment] | None, suite: str | None, kind: str
+    opts: Options,
+    experiments: list[Experiment] | None,
+    suite: str | None,
+    kind: str,
+    connection: Callable[[Site], Connection] = connect,
 ) -> Campaign | str:
-    """The campaign ready to run, or the plan's text for a dry run."""
+    """The campaign ready to run, or the plan's text for a dry run; `connection` opens the cluster
+    (tests pass a fake scheduler and clock)."""
     site = load_site(opts.site)
     if suite is not None:
         experiments = load_suite(suite, opts.experiments_dirs)
     assert experiments is not None
     floor = 0.0
     if opts.calibration is not None:
-        from slurm_chaos.analysis.calibrate import load_recommended_min_effect
+        from slurm_chaos.rundir import load_recommended_min_effect
 
         floor = load_recommended_min_effect(opts.calibration)
     if opts.dry_run:
         return describe_plan(site, experiments)
-    scheduler = _scheduler(site)
+    conn = connection(site)
     if site.slurm.hooks_dir:
         # The health check must watch this site's signals (a weaker site config checks fewer).
         from slurm_chaos.observe.healthcheck import install_healthcheck
@@ -111,11 +128,11 @@ def start(
         experiments,
         opts.resume or opts.out,
         resume=opts.resume is not None,
-        scheduler=scheduler,
-        runner=SubprocessRunner(),
-        control=_control(site, scheduler),
+        scheduler=conn.scheduler,
+        control=conn.control,
         kind=kind,
         progress=Progress(quiet=opts.quiet),
+        clock=conn.clock,
         time_budget_s=opts.time_budget_min * 60 if opts.time_budget_min else None,
         min_effect_floor=floor,
     )
@@ -128,9 +145,9 @@ def execute(camp: Campaign) -> tuple[str, int]:
     finished = run_campaign(camp)
     if not camp.manifest.experiments:
         return f"no experiment finished; run directory {camp.run_dir}", 1 if finished else 130
-    t0 = time.monotonic()
+    t0 = camp.clock.monotonic()
     text, code = report_dir(camp.run_dir, "table", None)
-    camp.manifest.timings["analyse"] = time.monotonic() - t0
+    camp.manifest.timings["analyse"] = camp.clock.monotonic() - t0
     camp.save()
     text += f"\nreport: {camp.run_dir / 'report.html'}  (json: report.json, junit: report.xml)\n"
     if not finished:
@@ -154,18 +171,16 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
     runner = SubprocessRunner(base_env=site.slurm_env())
     done = cleanup(site_journal_root(site), nodes, runner)
     if run_dir is not None:
-        scheduler = _scheduler(site)
-        done += cancel_run_jobs(run_dir, scheduler)
-        journal = controller.ControllerJournal(run_dir / "controller-journal.jsonl")
-        done += controller.rollback(journal, scheduler, _control(site, scheduler), runner, site.slurm_env())
+        conn = connect(site)
+        done += cancel_run_jobs(run_dir, conn.scheduler)
+        journal = controller.ControllerJournal(run_dir / CONTROLLER_JOURNAL)
+        done += controller.rollback(journal, conn.scheduler, conn.control, conn.clock)
     return done
 
 
 def cancel_run_jobs(run_dir: Path, scheduler: Scheduler) -> list[str]:
     """Cancel the run's jobs that Slurm still has queued or running (their campaign was killed);
     each job's epilog then reverts its node faults."""
-    from slurm_chaos.rundir import read_manifest
-
     manifest = read_manifest(run_dir)
     ids = [j.job_id for j in manifest.jobs]
     polled = scheduler.poll(ids) if ids else {}

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_chaos.errors import ChaosError
+from slurm_chaos.clock import Clock, SystemClock
+from slurm_chaos.errors import ChaosError, SlurmError
+from slurm_chaos.faults.catalogue import Where
 from slurm_chaos.faults.spec import FaultRequest
 from slurm_chaos.placement import NodeSetting, apply_settings
 from slurm_chaos.runner import Runner
@@ -23,7 +25,19 @@ from slurm_chaos.slurm.backend import Scheduler
 log = logging.getLogger(__name__)
 
 REASON_PREFIX = "slurm-chaos:"
-CONTROLLER_FAULTS = ("node-drain", "node-down", "rack-loss")
+
+
+def is_controller_fault(request: FaultRequest) -> bool:
+    """Applied by the campaign through Slurm (the catalogue's `where`), not by a node's hooks."""
+    return request.fault.where is Where.CONTROLLER
+
+
+class ActionKind(StrEnum):
+    """What a journalled change did to a node."""
+
+    DRAIN = "drain"
+    LOSE = "lose"
+    SETTING = "setting"  # weight and features changed; the action's data holds the old ones
 
 
 class NodeControl(Protocol):
@@ -39,17 +53,12 @@ class SlurmNodeControl:
     """A real cluster: mark the node DOWN (Slurm kills and requeues its jobs), RESUME it afterwards."""
 
     scheduler: Scheduler
-    runner: Runner
-    env: dict[str, str]
 
     def lose(self, node: str) -> None:
-        res = self.runner(
-            ["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON_PREFIX} node loss"],
-            timeout=15,
-            env=self.env,
-        )
-        if not res.ok:
-            raise ChaosError(f"could not mark {node} down: {res.stderr.strip()}")
+        try:
+            self.scheduler.mark_down(node, f"{REASON_PREFIX} node loss")
+        except SlurmError as exc:
+            raise ChaosError(f"could not mark {node} down: {exc}") from exc
 
     def restore(self, node: str) -> None:
         self.scheduler.resume(node)
@@ -66,6 +75,7 @@ class SandboxNodeControl:
     sandbox: str
     runner: Runner
     scheduler: Scheduler
+    clock: Clock = field(default_factory=SystemClock)
 
     def _veth(self, node: str) -> str:
         from slurm_chaos.sandbox.layout import Layout
@@ -82,12 +92,12 @@ class SandboxNodeControl:
 
     def restore(self, node: str) -> None:
         self.runner(["ip", "link", "set", self._veth(node), "up"], timeout=10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + 30
+        while self.clock.monotonic() < deadline:
             info = self.scheduler.nodes([node]).get(node)
             if info is not None and "NOT_RESPONDING" not in info.state:
                 break
-            time.sleep(0.5)
+            self.clock.sleep(0.5)
         info = self.scheduler.nodes([node]).get(node)
         # With ReturnToService=2 Slurm returns a node by itself once it answers again; resuming a
         # node that is neither down nor drained is an error, and not needed.
@@ -97,14 +107,11 @@ class SandboxNodeControl:
 
 @dataclass(frozen=True)
 class Action:
-    """One journalled change: what was done to which node, for which experiment.
-
-    kind is "drain", "lose" or "setting" (weight and features changed; `data` holds the old ones).
-    """
+    """One journalled change: what was done to which node, for which experiment."""
 
     time: float
     experiment: str
-    kind: str
+    kind: ActionKind
     node: str
     undone: bool = False
     data: dict[str, Any] = field(default_factory=dict)
@@ -119,25 +126,34 @@ class ControllerJournal:
     def record(self, action: Action) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as fh:
-            fh.write(json.dumps(asdict(action)) + "\n")
+            fh.write(json.dumps({**asdict(action), "kind": action.kind.value}) + "\n")
             fh.flush()
 
     def pending(self) -> list[Action]:
         if not self.path.exists():
             return []
-        latest: dict[tuple[str, str], Action] = {}
-        for line in self.path.read_text().splitlines():
-            if line.strip():
-                a = Action(**json.loads(line))
-                latest[(a.kind, a.node)] = a
+        latest: dict[tuple[ActionKind, str], Action] = {}
+        for a in self._read():
+            latest[(a.kind, a.node)] = a
         return [a for a in latest.values() if not a.undone]
 
-    def actions(self, experiment: str, kind: str) -> list[Action]:
+    def actions(self, experiment: str, kind: ActionKind) -> list[Action]:
         """Every change of one kind made for an experiment (done or undone)."""
         if not self.path.exists():
             return []
-        found = [Action(**json.loads(ln)) for ln in self.path.read_text().splitlines() if ln.strip()]
-        return [a for a in found if a.experiment == experiment and a.kind == kind and not a.undone]
+        return [a for a in self._read() if a.experiment == experiment and a.kind == kind and not a.undone]
+
+    def _read(self) -> list[Action]:
+        found = []
+        for i, line in enumerate(self.path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                found.append(Action(**{**raw, "kind": ActionKind(raw["kind"])}))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ChaosError(f"{self.path}: line {i}: not a journal entry ({exc})") from exc
+        return found
 
 
 def target_nodes(request: FaultRequest, allocated: tuple[str, ...], site: Site) -> list[str]:
@@ -163,38 +179,38 @@ def apply(
     scheduler: Scheduler,
     control: NodeControl,
     journal: ControllerJournal,
+    clock: Clock,
 ) -> None:
     for node in nodes:
         if request.name == "node-drain":
-            journal.record(Action(time.time(), experiment, "drain", node))
+            journal.record(Action(clock.time(), experiment, ActionKind.DRAIN, node))
             scheduler.drain(node, f"{REASON_PREFIX} drain injected by experiment {experiment}")
         else:
-            journal.record(Action(time.time(), experiment, "lose", node))
+            journal.record(Action(clock.time(), experiment, ActionKind.LOSE, node))
             control.lose(node)
         log.info("%s: %s %s", experiment, request.name, node)
 
 
 def rollback(
-    journal: ControllerJournal,
-    scheduler: Scheduler,
-    control: NodeControl,
-    runner: Runner,
-    env: dict[str, str],
+    journal: ControllerJournal, scheduler: Scheduler, control: NodeControl, clock: Clock
 ) -> list[str]:
-    """Undo every pending action (newest first); returns what was undone."""
+    """Undo every pending action (newest first); returns what was undone.
+
+    An action that cannot be undone now stays pending (a later rollback or `cleanup --run` tries again).
+    """
     undone = []
     for a in sorted(journal.pending(), key=lambda x: x.time, reverse=True):
         try:
-            if a.kind == "drain":
+            if a.kind is ActionKind.DRAIN:
                 scheduler.resume(a.node)
-            elif a.kind == "setting":
+            elif a.kind is ActionKind.SETTING:
                 setting = NodeSetting(a.node, int(a.data["weight"]), tuple(a.data["features"]))
-                apply_settings(runner, env, [setting])
+                apply_settings(scheduler, [setting])
             else:
                 control.restore(a.node)
         except (ChaosError, KeyError, ValueError) as exc:
-            log.warning("rollback of %s %s failed: %s", a.kind, a.node, exc)
+            log.warning("rollback of %s %s failed: %s", a.kind.value, a.node, exc)
             continue
-        journal.record(Action(time.time(), a.experiment, a.kind, a.node, undone=True))
-        undone.append(f"{a.kind} {a.node}")
+        journal.record(Action(clock.time(), a.experiment, a.kind, a.node, undone=True))
+        undone.append(f"{a.kind.value} {a.node}")
     return undone

@@ -1,7 +1,19 @@
-"""Run experiments and campaigns: baseline once per job shape, then each fault job, watched and rolled back.
+"""Run experiments and campaigns as a fixed list of stages, each handing a frozen record to the next.
 
-Stages, in order: render -> submit/queue -> (inject controller faults, watch) -> collect -> analyse.
-The time spent in each stage is recorded per experiment in the manifest (`timings`).
+    plan -> submit -> inject -> watch -> collect -> (judge) -> roll back
+
+- plan: the experiment checked and resolved: its directory, job shape, controller faults and when.
+- submit: a rendered job script handed to the scheduler; a `SubmittedJob` in the manifest.
+- inject: one controller fault applied (journalled first) to the job's nodes: an `Injection`.
+- watch: the job polled to its end with backoff, one query of each kind per tick; faults are
+  injected when due. Returns `Watched`: the final state, the injections and what was observed.
+- collect: the remediation checks the experiment asks for, then ``observations.json``.
+- judge: the analysis (`slurm_chaos.analysis`) reads the run directory and gives each verdict.
+- roll back: `rolled_back` undoes every journalled controller action however the block ends.
+
+The baseline is the same stages without a fault, run once per job shape. Time comes from an
+injected `Clock` and Slurm only through the injected `Scheduler`, so the whole engine runs against
+fakes in unit tests. The time spent in each stage goes to the manifest's `timings`.
 """
 
 from __future__ import annotations
@@ -10,42 +22,45 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
-from slurm_chaos.analysis.model import (
+from slurm_chaos import rundir
+from slurm_chaos.campaign import controller
+from slurm_chaos.campaign.observe import Watcher
+from slurm_chaos.campaign.progress import Progress
+from slurm_chaos.campaign.remediation import CHECKS, CheckInput, expected_signal
+from slurm_chaos.clock import Backoff, Clock, SystemClock
+from slurm_chaos.errors import ChaosError, SlurmError
+from slurm_chaos.experiment import Experiment, Mode
+from slurm_chaos.faults.spec import FaultRequest, parse_spec
+from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
+from slurm_chaos.render import check_limits, fault_spec, render_job
+from slurm_chaos.rundir import (
     Expectation,
     FaultWindow,
+    Manifest,
     Observation,
     ObservationLog,
+    Role,
+    RunKind,
+    SubmittedJob,
     write_observations,
 )
-from slurm_chaos.campaign import controller, remediation
-from slurm_chaos.campaign.observe import HEALTHCHECK_PREFIX, Watcher
-from slurm_chaos.campaign.progress import Progress
-from slurm_chaos.errors import ChaosError, SlurmError
-from slurm_chaos.experiment import Experiment
-from slurm_chaos.faults.spec import FaultRequest, parse_spec
-from slurm_chaos.render import check_limits, fault_spec, render_job
-from slurm_chaos.rundir import JobRecord, Manifest, experiment_dir, new_run_id, read_manifest, write_manifest
-from slurm_chaos.runner import Runner
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.5
-# Remediation steps the engine itself observes, by the signal it records for each.
-REMEDIATION_SIGNALS = {
-    "reschedule_same_switch": "rescheduled_same_switch",
-    "avoid_slow_node": "avoided_slow_node",
-}
-OBSERVATIONS = "observations.json"
+# A job gets its time limit plus this long to end before it is cancelled as stuck.
+JOB_GRACE_S = 120.0
+# How long the health check gets to resume the nodes it drained, and cancelled jobs to end.
+SETTLE_TIMEOUT_S = 45.0
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -55,11 +70,11 @@ class Shape:
     nodes: int
     tasks_per_node: int
     steps: int
-    mode: str
+    mode: Mode
 
     @property
     def label(self) -> str:
-        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode}"
+        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode.value}"
 
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
@@ -76,19 +91,19 @@ class Campaign:
     experiments: list[Experiment]
     run_dir: Path
     scheduler: Scheduler
-    runner: Runner
     control: controller.NodeControl
     manifest: Manifest
     progress: Progress
+    clock: Clock = field(default_factory=SystemClock)
     time_budget_s: float | None = None
     active: set[str] = field(default_factory=set)
 
     @property
     def journal(self) -> controller.ControllerJournal:
-        return controller.ControllerJournal(self.run_dir / "controller-journal.jsonl")
+        return controller.ControllerJournal(self.run_dir / rundir.CONTROLLER_JOURNAL)
 
     def save(self) -> None:
-        write_manifest(self.run_dir, self.manifest)
+        rundir.write_manifest(self.run_dir, self.manifest)
 
 
 def open_campaign(
@@ -97,10 +112,10 @@ def open_campaign(
     run_dir: Path | None,
     resume: bool,
     scheduler: Scheduler,
-    runner: Runner,
     control: controller.NodeControl,
-    kind: str,
+    kind: RunKind | str,
     progress: Progress,
+    clock: Clock | None = None,
     time_budget_s: float | None = None,
     min_effect_floor: float = 0.0,
 ) -> Campaign:
@@ -109,48 +124,84 @@ def open_campaign(
     ``min_effect_floor`` (from an A/A calibration of the cluster) raises the practical threshold of
     every comparison to what run-to-run noise alone does not reach.
     """
+    clock = clock or SystemClock()
     for exp in experiments:
         check_limits(site, exp)
-        spec = fault_spec(site, exp, "fault", "check")
+        spec = fault_spec(site, exp, Role.FAULT, "check")
         if spec:
             parse_spec(spec)
     if resume:
         if run_dir is None:
             raise ChaosError("--resume needs the run directory")
-        manifest = read_manifest(run_dir)
+        manifest = rundir.read_manifest(run_dir)
         manifest.interrupted = False
         manifest.finished = None
     else:
         label = experiments[0].name if len(experiments) == 1 else kind
-        run_id = new_run_id(label)
+        run_id = rundir.new_run_id(label, clock.time())
         run_dir = run_dir or Path("runs") / run_id
-        if (run_dir / "manifest.json").exists():
+        if (run_dir / rundir.MANIFEST).exists():
             raise ChaosError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
         manifest = Manifest(
             run_id=run_id,
             site=str(site.path),
             cluster=site.cluster,
-            started=time.time(),
+            started=clock.time(),
             experiments=[],
-            kind=kind,
+            kind=RunKind(kind),
             slurm_version=scheduler.version(),
         )
     manifest.planned = [e.name for e in experiments]
     manifest.min_effect = max(min(e.hypothesis.max_regression for e in experiments), min_effect_floor)
     camp = Campaign(
-        site, experiments, run_dir.resolve(), scheduler, runner, control, manifest, progress, time_budget_s
+        site, experiments, run_dir.resolve(), scheduler, control, manifest, progress, clock, time_budget_s
     )
     camp.save()
     return camp
 
 
-# ------------------------------------------------------------------ jobs
-def _submit(camp: Campaign, exp: Experiment, role: str, label: str, job_dir: Path) -> JobRecord:
+# ------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class TimedFault:
+    """A controller fault and how long after the job starts it is injected."""
+
+    after_s: float
+    request: FaultRequest
+
+
+@dataclass(frozen=True)
+class Plan:
+    experiment: Experiment
+    exp_dir: Path
+    shape: Shape
+    faults: tuple[TimedFault, ...]
+
+
+def plan(camp: Campaign, exp: Experiment) -> Plan:
+    """Where the experiment's files go, its job shape, and its controller faults in the order due."""
+    spec = fault_spec(camp.site, exp, Role.FAULT, camp.manifest.run_id)
+    requests = parse_spec(spec) if spec else ()
+    timed = [
+        TimedFault(float(r.resolved().get("after", exp.fault.start_after_s)), r)
+        for r in requests
+        if controller.is_controller_fault(r)
+    ]
+    return Plan(
+        exp,
+        rundir.experiment_dir(camp.run_dir, exp.name),
+        shape_of(camp.site, exp),
+        tuple(sorted(timed, key=lambda t: t.after_s)),
+    )
+
+
+# ------------------------------------------------------------------ submit
+def submit(camp: Campaign, exp: Experiment, role: Role, label: str, job_dir: Path) -> SubmittedJob:
+    """Render the job script next to its output directory and submit it."""
     job_dir.mkdir(parents=True, exist_ok=True)
     script = job_dir.parent / f"{job_dir.name}.sbatch"
-    t0 = time.monotonic()
+    t0 = camp.clock.monotonic()
     script.write_text(render_job(camp.site, exp, role, job_dir, camp.manifest.run_id))
-    camp.manifest.timings[f"{label}.{role}.render"] = time.monotonic() - t0
+    camp.manifest.timings[f"{label}.{role}.render"] = camp.clock.monotonic() - t0
     script.chmod(0o755)
     try:
         job_id = camp.scheduler.submit(script, env=camp.site.slurm_env())
@@ -158,62 +209,71 @@ def _submit(camp: Campaign, exp: Experiment, role: str, label: str, job_dir: Pat
         if "--chaos" in str(exc) or "unrecognized option" in str(exc):
             raise ChaosError(
                 f"{exc}\n  the slurm-chaos SPANK plugin is not loaded: "
-                f"run 'slurm-chaos plugin install --site "
-                f"{camp.site.path}'"
+                f"run 'slurm-chaos plugin install --site {camp.site.path}'"
             ) from exc
         raise
-    record = JobRecord(experiment=label, role=role, job_id=job_id, script=str(script), submitted=time.time())
-    camp.manifest.jobs.append(record)
+    job = SubmittedJob(
+        experiment=label, role=role, job_id=job_id, script=str(script), submitted=camp.clock.time()
+    )
+    camp.manifest.forget_job(label, role)
+    camp.manifest.put_job(job)
     camp.active.add(job_id)
     camp.save()
-    return record
+    return job
 
 
-def _update(record: JobRecord, info: JobInfo) -> None:
-    record.state = info.state.value
-    record.nodes = list(info.nodes) or record.nodes
-    record.restarts = info.restarts
-    if info.state == JobState.RUNNING and record.started is None:
-        record.started = time.time()
-    if info.state.is_terminal and record.ended is None:
-        record.ended = time.time()
+# ------------------------------------------------------------------ inject
+@dataclass(frozen=True)
+class Injection:
+    """A controller fault as applied: to which nodes, when, and whether the job was requeued for it."""
+
+    fault: str
+    nodes: tuple[str, ...]
+    at: float
+    requeued: bool = False
 
 
-def _wait(
-    camp: Campaign,
-    record: JobRecord,
-    title: str,
-    watcher: Watcher | None = None,
-    on_running: list[tuple[float, FaultRequest]] | None = None,
-    exp: Experiment | None = None,
-) -> JobInfo:
-    """Poll until the job ends; fire controller faults `after` seconds into the run."""
-    pending = sorted(on_running or [], key=lambda x: x[0])
-    limit = _limit_s(camp.site.slurm.time_limit) + 120
-    t0 = time.monotonic()
-    while True:
-        info = watcher.tick() if watcher else camp.scheduler.poll([record.job_id]).get(record.job_id)
-        if info is not None:
-            _update(record, info)
-            camp.progress.job(title, record.job_id, info.state.value, record.started)
-            if record.started is not None and pending and exp is not None:
-                while pending and time.time() - record.started >= pending[0][0]:
-                    _, request = pending.pop(0)
-                    nodes = controller.target_nodes(request, tuple(record.nodes), camp.site)
-                    controller.apply(request, nodes, exp.name, camp.scheduler, camp.control, camp.journal)
-                    if request.name == "node-drain" and exp.requeue:
-                        # Maintenance moves the job off the drained node: requeue it (it needs --requeue).
-                        camp.scheduler.requeue([record.job_id])
-                    camp.manifest.timings[f"{exp.name}.fault_injected_at"] = time.time()
-            if info.state.is_terminal and info.state != JobState.REQUEUED:
-                camp.active.discard(record.job_id)
-                camp.save()
-                camp.progress.done(title, record.job_id, info.state.value)
-                return info
-        if time.monotonic() - t0 > limit:
-            camp.scheduler.cancel([record.job_id])
-            raise ChaosError(f"job {record.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
-        time.sleep(POLL_S)
+def inject(camp: Campaign, exp: Experiment, fault: TimedFault, job: SubmittedJob) -> Injection:
+    """Apply one controller fault to the job's nodes (journalled before it acts)."""
+    nodes = controller.target_nodes(fault.request, job.nodes, camp.site)
+    controller.apply(fault.request, nodes, exp.name, camp.scheduler, camp.control, camp.journal, camp.clock)
+    at = camp.clock.time()
+    # Maintenance moves a job off a drained node by requeueing it (the job asked for --requeue).
+    requeued = fault.request.name == "node-drain" and exp.requeue
+    if requeued:
+        camp.scheduler.requeue([job.job_id])
+    return Injection(fault.request.name, tuple(nodes), at, requeued)
+
+
+# ------------------------------------------------------------------ watch
+@dataclass(frozen=True)
+class Watched:
+    """A job watched to its end."""
+
+    job: SubmittedJob
+    final: JobInfo
+    injections: tuple[Injection, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    nodes_seen: tuple[str, ...] = ()
+
+    @property
+    def crashed(self) -> bool:
+        return self.final.state != JobState.COMPLETED
+
+
+def _updated(job: SubmittedJob, info: JobInfo, now: float) -> SubmittedJob:
+    started = job.started
+    if info.state == JobState.RUNNING and started is None:
+        started = now
+    ended = now if info.state.is_terminal and job.ended is None else job.ended
+    return replace(
+        job,
+        state=info.state,
+        nodes=info.nodes or job.nodes,
+        restarts=info.restarts,
+        started=started,
+        ended=ended,
+    )
 
 
 def _limit_s(text: str) -> float:
@@ -224,135 +284,206 @@ def _limit_s(text: str) -> float:
     return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-# ------------------------------------------------------------------ experiment
-def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str) -> Path:
-    """Run the experiment's job without its fault (a baseline or an A/A run) to completion, once:
-    a run directory that already holds it completed (a resumed run) submits nothing."""
-    done = camp.manifest.job(label, "baseline")
-    if done is not None and done.state == JobState.COMPLETED.value:
-        return job_dir
-    t0 = time.monotonic()
-    record = _submit(camp, exp, "baseline", label, job_dir)
-    info = _wait(camp, record, title)
-    if info.state != JobState.COMPLETED:
-        raise ChaosError(
-            f"{title}: job {record.job_id} ended {info.state.value}; see {job_dir}/slurm-{record.job_id}.out"
-        )
-    camp.manifest.timings[f"{label}.run"] = time.monotonic() - t0
-    return job_dir
+def watch(
+    camp: Campaign,
+    job: SubmittedJob,
+    title: str,
+    watcher: Watcher | None = None,
+    exp: Experiment | None = None,
+    faults: tuple[TimedFault, ...] = (),
+) -> Watched:
+    """Poll until the job's run ends (a requeue starts another); inject each fault when it is due.
+
+    Each tick asks Slurm once about the job (and the watcher once about its nodes); the wait between
+    ticks grows while nothing changes, and stays short while a fault waits for the job to start
+    and when one falls due.
+    """
+    pending = list(faults)
+    injections: list[Injection] = []
+    limit = _limit_s(camp.site.slurm.time_limit) + JOB_GRACE_S
+    t0 = camp.clock.monotonic()
+    backoff = Backoff()
+    last: tuple[object, ...] = ()
+    while True:
+        info = watcher.tick() if watcher else camp.scheduler.poll([job.job_id]).get(job.job_id)
+        if info is not None:
+            job = _updated(job, info, camp.clock.time())
+            camp.manifest.put_job(job)
+            camp.progress.job(title, job.job_id, info.state.value, job.started)
+            while pending and exp is not None and job.started is not None:
+                if camp.clock.time() - job.started < pending[0].after_s:
+                    break
+                injections.append(inject(camp, exp, pending.pop(0), job))
+            if info.state.is_terminal and info.state != JobState.REQUEUED:
+                camp.active.discard(job.job_id)
+                camp.save()
+                camp.progress.done(title, job.job_id, info.state.value)
+                seen = watcher.nodes_seen if watcher else set()
+                return Watched(
+                    job,
+                    info,
+                    tuple(injections),
+                    tuple(watcher.observations) if watcher else (),
+                    tuple(sorted(seen | set(job.nodes))),
+                )
+            now = (info.state, info.restarts, info.nodes, len(watcher.observations) if watcher else 0)
+            if now != last:
+                backoff.reset()
+                last = now
+        if camp.clock.monotonic() - t0 > limit:
+            camp.scheduler.cancel([job.job_id])
+            raise ChaosError(f"job {job.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
+        if pending and job.started is None:
+            # A fault falls due so long after the job starts: see the start as soon as it happens.
+            backoff.reset()
+        wait = backoff.interval()
+        if pending and job.started is not None:
+            wait = min(wait, max(0.0, job.started + pending[0].after_s - camp.clock.time()))
+        camp.clock.sleep(wait)
 
 
-def _baseline(camp: Campaign, exp: Experiment) -> Path:
-    shape = shape_of(camp.site, exp)
-    label = f"baseline:{shape.label}"
-    return run_unfaulted(
-        camp, exp, label, camp.run_dir / "baselines" / shape.label, f"baseline {shape.label}"
-    )
+# ------------------------------------------------------------------ roll back
+@contextmanager
+def rolled_back(camp: Campaign, label: str) -> Iterator[None]:
+    """Undo every journalled controller action when the block ends, however it ends.
+
+    On Ctrl-C (or SIGTERM) the jobs in flight are cancelled first, and what is undone is said on
+    stderr: the user is waiting to know the cluster is back as it was.
+    """
+    interrupted = False
+    try:
+        yield
+    except KeyboardInterrupt:
+        interrupted = True
+        if camp.active:
+            camp.scheduler.cancel(sorted(camp.active))
+        raise
+    finally:
+        for item in controller.rollback(camp.journal, camp.scheduler, camp.control, camp.clock):
+            if interrupted:
+                print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
+            log.info("%s: rolled back %s", label, item)
 
 
+# ------------------------------------------------------------------ collect
 def _expectation(exp: Experiment) -> Expectation:
     e = exp.expect
     return Expectation(
         expect_regression=e.regression,
         detect_signals=e.detect,
         detect_within_s=e.detect_within_s,
-        remediation=tuple(REMEDIATION_SIGNALS.get(r, r) for r in e.remediation),
+        remediation=tuple(expected_signal(r) for r in e.remediation),
         remediate_within_s=e.remediate_within_s,
         max_lost_steps=e.max_lost_steps,
     )
 
 
-def run_experiment(camp: Campaign, exp: Experiment) -> None:
-    """Baseline (shared), fault job watched to its end, rollback, observations.json."""
-    exp_dir = experiment_dir(camp.run_dir, exp.name)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.monotonic()
-    base_dir = _baseline(camp, exp)
-    link = exp_dir / "baseline"
+def collect(camp: Campaign, p: Plan, watched: Watched) -> ObservationLog:
+    """Run the experiment's remediation checks, then write what was observed to observations.json."""
+    exp = p.experiment
+    extra: list[Observation] = []
+    for step in exp.expect.remediation:
+        check = CHECKS.get(step)
+        if check is None or (check.needs_completed_job and watched.crashed):
+            continue
+        inp = CheckInput(
+            exp,
+            camp.site,
+            camp.scheduler,
+            camp.clock,
+            camp.journal,
+            p.exp_dir / "fault",
+            watched.observations,
+        )
+        if check.changes_nodes:
+            with rolled_back(camp, exp.name):
+                extra += check.run(inp)
+        else:
+            extra += check.run(inp)
+    # The fault is on from its first injection (a controller fault), else from the job's start.
+    start = watched.injections[0].at if watched.injections else (watched.job.started or camp.clock.time())
+    observations = ObservationLog(
+        fault_window=FaultWindow(start=start, end=None),
+        observations=tuple(sorted(watched.observations + tuple(extra), key=lambda o: o.time)),
+        expectation=_expectation(exp),
+        crashed=watched.crashed,
+        fault=exp.fault.spec or "",
+    )
+    write_observations(p.exp_dir / rundir.OBSERVATIONS, observations)
+    return observations
+
+
+# ------------------------------------------------------------------ experiment
+def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str) -> Path:
+    """Run the experiment's job without its fault (a baseline or an A/A run) to completion, once:
+    a run directory that already holds it completed (a resumed run) submits nothing."""
+    done = camp.manifest.job(label, Role.BASELINE)
+    if done is not None and done.state == JobState.COMPLETED:
+        return job_dir
+    t0 = camp.clock.monotonic()
+    job = submit(camp, exp, Role.BASELINE, label, job_dir)
+    watched = watch(camp, job, title)
+    if watched.crashed:
+        raise ChaosError(
+            f"{title}: job {job.job_id} ended {watched.final.state.value}; "
+            f"see {job_dir}/slurm-{job.job_id}.out"
+        )
+    camp.manifest.timings[f"{label}.run"] = camp.clock.monotonic() - t0
+    return job_dir
+
+
+def _baseline(camp: Campaign, p: Plan) -> Path:
+    label = p.shape.label
+    base_dir = run_unfaulted(
+        camp, p.experiment, f"baseline:{label}", rundir.baseline_dir(camp.run_dir, label), f"baseline {label}"
+    )
+    link = p.exp_dir / "baseline"
     if link.is_symlink() or link.exists():
         link.unlink()
-    link.symlink_to(os.path.relpath(base_dir, exp_dir))
-    t_base = time.monotonic()
+    link.symlink_to(os.path.relpath(base_dir, p.exp_dir))
+    return base_dir
 
-    spec = fault_spec(camp.site, exp, "fault", camp.manifest.run_id)
-    requests = parse_spec(spec) if spec else ()
-    timed = [
-        (float(r.resolved().get("after", exp.fault.start_after_s)), r)
-        for r in requests
-        if r.name in controller.CONTROLLER_FAULTS
-    ]
-    old = camp.manifest.job(exp.name, "fault")
-    if old is not None:
-        camp.manifest.jobs.remove(old)
-    record = _submit(camp, exp, "fault", exp.name, exp_dir / "fault")
-    t_submitted = time.monotonic()
-    watcher = Watcher(camp.scheduler, record.job_id, camp.site.monitoring.alertmanager)
-    crashed = False
-    interrupted = False
-    try:
-        info = _wait(camp, record, f"{exp.name}", watcher, timed, exp)
-        crashed = info.state != JobState.COMPLETED
-    except KeyboardInterrupt:
-        interrupted = True
-        camp.scheduler.cancel([record.job_id])
-        raise
-    finally:
-        undone = controller.rollback(
-            camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
-        )
-        for item in undone:
-            if interrupted:
-                print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
-            log.info("%s: rolled back %s", exp.name, item)
-    _settle(camp, sorted(watcher.nodes_seen | set(record.nodes)))
-    extra: list[Observation] = []
-    if "reschedule_same_switch" in exp.expect.remediation:
-        lost = {a.node for a in camp.journal.actions(exp.name, "lose")}
-        moved = remediation.rescheduled_same_switch(watcher.observations, lost, camp.site)
-        extra += [moved] if moved else []
-    if "avoid_slow_node" in exp.expect.remediation and not crashed:
-        try:
-            extra += remediation.avoid_slow_node(camp, exp, exp_dir / "fault")
-        finally:
-            controller.rollback(
-                camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
-            )
-    t_ran = time.monotonic()
-    injected = camp.manifest.timings.get(f"{exp.name}.fault_injected_at")
-    start = injected if (timed and injected) else (record.started or time.time())
-    write_observations(
-        exp_dir / OBSERVATIONS,
-        ObservationLog(
-            fault_window=FaultWindow(start=start, end=None),
-            observations=tuple(sorted(watcher.observations + extra, key=lambda o: o.time)),
-            expectation=_expectation(exp),
-            crashed=crashed,
-            fault=exp.fault.spec or "",
-        ),
-    )
+
+def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
+    """Baseline (shared), fault job watched to its end, rollback, observations.json."""
+    p = plan(camp, exp)
+    p.exp_dir.mkdir(parents=True, exist_ok=True)
+    clock = camp.clock
+    t_start = clock.monotonic()
+    _baseline(camp, p)
+    t_base = clock.monotonic()
+    with rolled_back(camp, exp.name):
+        job = submit(camp, exp, Role.FAULT, exp.name, p.exp_dir / "fault")
+        t_submitted = clock.monotonic()
+        watcher = Watcher(camp.scheduler, job.job_id, camp.site.monitoring.alertmanager, clock)
+        watched = watch(camp, job, exp.name, watcher, exp, p.faults)
+    settle(camp, list(watched.nodes_seen))
+    t_ran = clock.monotonic()
+    observations = collect(camp, p, watched)
     camp.manifest.timings.update(
         {
             f"{exp.name}.baseline": t_base - t_start,
             f"{exp.name}.submit": t_submitted - t_base,
             f"{exp.name}.fault_job": t_ran - t_submitted,
-            f"{exp.name}.collect": time.monotonic() - t_ran,
+            f"{exp.name}.collect": clock.monotonic() - t_ran,
         }
     )
-    if exp.name not in camp.manifest.completed:
-        camp.manifest.completed.append(exp.name)
-    camp.manifest.experiments = [e for e in camp.manifest.planned if e in camp.manifest.completed]
+    camp.manifest.complete(exp.name)
     camp.save()
+    return observations
 
 
-def _settle(camp: Campaign, nodes: list[str], timeout: float = 45.0) -> None:
+def settle(camp: Campaign, nodes: list[str], timeout: float = SETTLE_TIMEOUT_S) -> list[str]:
     """Wait for the health check to resume the nodes it drained during the fault; resume stragglers ourselves.
 
     NHC-style checks resume only nodes they drained, once the check passes again (next interval);
     the next experiment must not start with fewer nodes, and every node must end as it began.
+    Returns the nodes resumed here.
     """
     if not nodes:
-        return
-    deadline = time.monotonic() + timeout
+        return []
+    deadline = camp.clock.monotonic() + timeout
+    backoff = Backoff()
     while True:
         held = [
             n.name
@@ -360,13 +491,13 @@ def _settle(camp: Campaign, nodes: list[str], timeout: float = 45.0) -> None:
             if n.drain and n.reason.startswith(HEALTHCHECK_PREFIX)
         ]
         if not held:
-            return
-        if time.monotonic() > deadline:
+            return []
+        if camp.clock.monotonic() > deadline:
             for node in held:
                 log.warning("%s: the health check did not resume it within %.0f s; resuming", node, timeout)
                 camp.scheduler.resume(node)
-            return
-        time.sleep(POLL_S)
+            return held
+        camp.clock.sleep(backoff.interval())
 
 
 @contextmanager
@@ -387,28 +518,27 @@ def stop(camp: Campaign) -> list[str]:
     """Cancel our jobs, wait for their epilogs, undo controller faults; returns what was undone."""
     if camp.active:
         camp.scheduler.cancel(sorted(camp.active))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        deadline = camp.clock.monotonic() + STOP_TIMEOUT_S
+        backoff = Backoff()
+        while camp.clock.monotonic() < deadline:
             states = camp.scheduler.poll(sorted(camp.active))
             if all(i.state.is_terminal for i in states.values()):
                 break
-            time.sleep(POLL_S)
+            camp.clock.sleep(backoff.interval())
         camp.active.clear()
-    undone = controller.rollback(
-        camp.journal, camp.scheduler, camp.control, camp.runner, camp.site.slurm_env()
-    )
-    _settle(camp, list(camp.site.partition_nodes))
+    undone = controller.rollback(camp.journal, camp.scheduler, camp.control, camp.clock)
+    settle(camp, list(camp.site.partition_nodes))
     return undone
 
 
 def run_campaign(camp: Campaign) -> bool:
     """Run every experiment not yet completed; returns False when interrupted or out of time."""
-    t0 = time.monotonic()
+    t0 = camp.clock.monotonic()
     todo = [e for e in camp.experiments if e.name not in camp.manifest.completed]
     with _interruptible():
         try:
             for i, exp in enumerate(todo, start=1):
-                if camp.time_budget_s is not None and time.monotonic() - t0 > camp.time_budget_s:
+                if camp.time_budget_s is not None and camp.clock.monotonic() - t0 > camp.time_budget_s:
                     log.warning("time budget spent: %d experiments left for --resume", len(todo) - i + 1)
                     camp.manifest.interrupted = True
                     break
@@ -421,6 +551,6 @@ def run_campaign(camp: Campaign) -> bool:
                 print(f"slurm-chaos: rolled back {item}", file=sys.stderr)
             camp.manifest.interrupted = True
         finally:
-            camp.manifest.finished = time.time()
+            camp.manifest.finished = camp.clock.time()
             camp.save()
     return not camp.manifest.interrupted

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slurm_chaos.analysis.model import Observation
 from slurm_chaos.campaign.controller import REASON_PREFIX
+from slurm_chaos.clock import Clock, SystemClock
+from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
+from slurm_chaos.rundir import Observation
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState
 
 log = logging.getLogger(__name__)
-
-HEALTHCHECK_PREFIX = "slurm-chaos-health:"
 
 
 def fetch_alerts(alertmanager: str, timeout: float = 3.0) -> list[dict[str, object]]:
@@ -43,6 +43,8 @@ class Watcher:
     scheduler: Scheduler
     job_id: str
     alertmanager: str | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    alerts: Callable[[str], list[dict[str, object]]] = fetch_alerts
     observations: list[Observation] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
     restarts: int = 0
@@ -53,10 +55,11 @@ class Watcher:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.observations.append(Observation(signal, when if when is not None else time.time(), detail))
+        self.observations.append(Observation(signal, when if when is not None else self.clock.time(), detail))
         log.info("observed %s: %s", signal, detail)
 
     def tick(self) -> JobInfo | None:
+        """One poll of the job, one query of its nodes, one of Alertmanager."""
         info = self.scheduler.poll([self.job_id]).get(self.job_id)
         if info is None:
             return self.last
@@ -79,7 +82,7 @@ class Watcher:
                 if "DOWN" in node.state:
                     self._add(f"down-{name}", "node_down", f"{name}: {node.reason or 'not responding'}")
         if self.alertmanager:
-            for alert in fetch_alerts(self.alertmanager):
+            for alert in self.alerts(self.alertmanager):
                 labels = alert.get("labels")
                 alertname = labels.get("alertname") if isinstance(labels, dict) else None
                 if isinstance(alertname, str):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_chaos.observe.heartbeat import Beat, straggler_ratio
+from slurm_chaos.probe.heartbeat import Beat, straggler_ratio
 from slurm_chaos.probe.telemetry import SLOWDOWN_MASK, format_cpulist, parse_cpulist, sysfs_bus_id
 
 SIGNALS = ("gpu_xid", "gpu_ecc", "gpu_throttle", "numa", "checkpoint", "straggler")

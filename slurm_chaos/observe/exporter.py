@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, WARNING, Thresholds
 from slurm_chaos.observe.healthcheck import Options, load_config
-from slurm_chaos.observe.heartbeat import Beat, scan_heartbeats, straggler_ratio
+from slurm_chaos.probe.heartbeat import Beat, scan_heartbeats, straggler_ratio
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_chaos.errors import ChaosError, ConfigError
 from slurm_chaos.observe import checks
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, Result, Thresholds
-from slurm_chaos.observe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
+from slurm_chaos.probe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
 from slurm_chaos.runner import Runner, SubprocessRunner
 
 if TYPE_CHECKING:
@@ -338,12 +338,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs
 
 def site_options(site: Site, heartbeats: Path | None = None, states: Path | None = None) -> Options:
     """The options a site's config file holds: its enabled signals, checkpoint path and GPU count."""
-    if heartbeats is None and getattr(site.monitoring, "heartbeat_dir", None):
-        heartbeats = Path(getattr(site.monitoring, "heartbeat_dir"))  # noqa: B009 - a key sites may not have yet
-    if heartbeats is None and site.sandbox:
-        from slurm_chaos.observe.monitoring import sandbox_heartbeat_dir
-
-        heartbeats = sandbox_heartbeat_dir(site.sandbox)
+    if heartbeats is None and site.monitoring.heartbeat_dir:
+        # The site says where (the sandbox's config names its own directory): no live lookup here.
+        heartbeats = Path(site.monitoring.heartbeat_dir)
     return Options(
         signals=parse_signals(
             site.monitoring.healthcheck_signals, str(site.path), "monitoring.healthcheck_signals"
@@ -396,7 +393,7 @@ def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
             "written by slurm-chaos, edits are overwritten.\n"
             f"{_root_preamble()}"
             f"{shlex.quote(_timeout_bin())} -k 5 {HEARTBEAT_HOOK_TIMEOUT_S} "
-            f"{_root_python('slurm_chaos.observe.heartbeat', 'hook_main')}"
+            f"{_root_python('slurm_chaos.probe.heartbeat', 'hook_main')}"
             f" {kind} --dir {shlex.quote(str(heartbeats))}"
             f' || echo "slurm-chaos: heartbeat {kind} hook exited $? for job ${{SLURM_JOB_ID:-?}}" >&2\n'
             "exit 0\n"

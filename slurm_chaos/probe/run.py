@@ -16,9 +16,9 @@ from types import FrameType
 from typing import Any
 
 from slurm_chaos.errors import ChaosError, DataError, UsageError
-from slurm_chaos.observe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
+from slurm_chaos.probe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
 from slurm_chaos.probe.schema import rank_file_name
 from slurm_chaos.probe.workload import CollectiveFailed, collective

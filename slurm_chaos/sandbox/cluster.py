@@ -191,7 +191,7 @@ class Sandbox:
         self._wait_idle(layout, timeout=60)
         self._ensure_reservation(layout)
         if monitoring:
-            from slurm_chaos.observe.monitoring import start_monitoring
+            from slurm_chaos.sandbox.monitoring import start_monitoring
 
             start_monitoring(layout)
         log.info("sandbox %s up: %d nodes idle in %.1f s", self.name, nodes, time.monotonic() - t0)
@@ -495,7 +495,7 @@ class Sandbox:
         layout = Layout.load(self.name)
         if layout is None:
             return []
-        from slurm_chaos.observe.monitoring import stop_monitoring
+        from slurm_chaos.sandbox.monitoring import stop_monitoring
 
         stopped: list[str] = stop_monitoring(layout)
         for d in reversed(self.daemons(layout)):

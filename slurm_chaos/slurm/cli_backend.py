@@ -173,6 +173,31 @@ class SlurmCLI:
     def resume(self, node: str) -> None:
         self._check(self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"]))
 
+    def mark_down(self, node: str, reason: str) -> None:
+        if not reason.strip():
+            raise SlurmError(f"down {node}: Slurm requires a reason")
+        self._check(self._run(["scontrol", "update", f"NodeName={node}", "State=DOWN", f"Reason={reason}"]))
+
+    def update_node(
+        self, node: str, *, weight: int | None = None, features: Sequence[str] | None = None
+    ) -> None:
+        argv = ["scontrol", "update", f"NodeName={node}"]
+        if weight is not None:
+            argv.append(f"Weight={weight}")
+        if features is not None:
+            feats = ",".join(features) or "(null)"
+            argv += [f"AvailableFeatures={feats}", f"ActiveFeatures={feats}"]
+        if len(argv) > 3:
+            self._check(self._run(argv))
+
+    def submit_wrap(
+        self, command: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> str:
+        done = self._check(self._run(["sbatch", "--parsable", *args, "--wrap", command], env=env))
+        job_id = parse.parse_sbatch_parsable(done.stdout)
+        log.info("submitted `%s` as job %s", command, job_id)
+        return job_id
+
     def reservation(self, name: str) -> ReservationInfo:
         done = self._check(self._run(["scontrol", "-o", "show", "reservation", name]))
         found = parse.parse_scontrol_reservations(done.stdout)

@@ -194,6 +194,8 @@ class NodeInfo:
     cores_per_socket: int = 0
     threads_per_core: int = 0
     gres: tuple[Gres, ...] = ()
+    # Scheduling weight (lowest first); None where the query does not report it (sinfo groups).
+    weight: int | None = None
 
     @property
     def drain(self) -> bool:

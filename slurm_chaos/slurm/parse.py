@@ -608,6 +608,7 @@ def _scontrol_node(rec: Mapping[str, str]) -> NodeInfo:
         cores_per_socket=_count(rec.get("CoresPerSocket", "")),
         threads_per_core=_count(rec.get("ThreadsPerCore", "")),
         gres=parse_gres(rec.get("Gres", "")),
+        weight=int(rec["Weight"]) if rec.get("Weight", "").isdigit() else None,
     )
 
 
@@ -779,6 +780,7 @@ def _json_node(node: Mapping[str, Any]) -> NodeInfo:
         cores_per_socket=_number(node.get("cores")) or 0,
         threads_per_core=_number(node.get("threads")) or 0,
         gres=parse_gres(str(node.get("gres") or "")),
+        weight=_number(node.get("weight")),
     )
 
 

@@ -71,6 +71,10 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _weight(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _node(node: Any) -> NodeInfo:
     """A pyslurm.Node -> NodeInfo; pyslurm writes states as `IDLE+DRAIN`.
 
@@ -91,6 +95,7 @@ def _node(node: Any) -> NodeInfo:
         sockets=_int(getattr(node, "sockets", 0)),
         cores_per_socket=_int(getattr(node, "cores_per_socket", 0)),
         threads_per_core=_int(getattr(node, "threads_per_core", 0)),
+        weight=_weight(getattr(node, "weight", None)),
     )
 
 
@@ -147,6 +152,19 @@ class PyslurmScheduler:
 
     def resume(self, node: str) -> None:
         self._call(f"resume {node}", self.pyslurm.Node(node).modify, self.pyslurm.Node(state="RESUME"))
+
+    def mark_down(self, node: str, reason: str) -> None:
+        self.cli.mark_down(node, reason)
+
+    def update_node(
+        self, node: str, *, weight: int | None = None, features: Sequence[str] | None = None
+    ) -> None:
+        self.cli.update_node(node, weight=weight, features=features)
+
+    def submit_wrap(
+        self, command: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> str:
+        return self.cli.submit_wrap(command, args, env)
 
     def reservation(self, name: str) -> ReservationInfo:
         return self.cli.reservation(name)

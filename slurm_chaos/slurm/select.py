@@ -8,9 +8,9 @@ from types import ModuleType
 
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.runner import Runner
-from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 from slurm_chaos.slurm.parse import parse_version
+from slurm_chaos.slurm.protocol import Scheduler
 from slurm_chaos.slurm.pyslurm_backend import PyslurmScheduler, load_pyslurm
 
 log = logging.getLogger(__name__)

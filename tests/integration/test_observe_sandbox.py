@@ -28,11 +28,10 @@ from typing import Any
 import pytest
 
 import slurm_chaos
-from slurm_chaos.observe import monitoring
 from slurm_chaos.observe.healthcheck import REASON_PREFIX, install_healthcheck
-from slurm_chaos.observe.heartbeat import Heartbeat, remove_job_dir
+from slurm_chaos.probe.heartbeat import Heartbeat, remove_job_dir
 from slurm_chaos.runner import SubprocessRunner
-from slurm_chaos.sandbox import daemons
+from slurm_chaos.sandbox import daemons, monitoring
 from slurm_chaos.sandbox.layout import Layout
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.parse import parse_scontrol_nodes
@@ -397,7 +396,7 @@ def test_a_jobs_heartbeats_lying_about_host_and_time_drain_nothing(
 # Run as the victim's rank: real heartbeats through the package's own writer.
 VICTIM = """
 import os, sys, time
-from slurm_chaos.observe.heartbeat import Heartbeat, remove_job_dir
+from slurm_chaos.probe.heartbeat import Heartbeat, remove_job_dir
 hb = Heartbeat(sys.argv[1], os.environ["SLURM_JOB_ID"], 0, os.environ["SLURMD_NODENAME"], world_size=1)
 for step in range(100):
     hb.update(step, 0.05, 0.04, 0.01)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from slurm_chaos.analysis.commands import report_dir
-from slurm_chaos.analysis.model import Expectation
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
+from slurm_chaos.rundir import Expectation
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 pytestmark = pytest.mark.skipif(

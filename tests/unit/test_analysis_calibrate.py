@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_chaos.analysis.calibrate import calibrate_dirs, load_recommended_min_effect
+from slurm_chaos.analysis.calibrate import calibrate_dirs
 from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.campaign.calibrate import write_calibration
 from slurm_chaos.cli import main
 from slurm_chaos.errors import DataError
+from slurm_chaos.rundir import load_recommended_min_effect
 
 MODEL = JobModel(ranks=2, steps=300, warmup_steps=10, noise=0.05, ar_phi=0.3)
 

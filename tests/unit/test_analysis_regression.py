@@ -7,7 +7,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from slurm_chaos.analysis.model import FaultWindow
 from slurm_chaos.analysis.regression import (
     JobSeries,
     aa_false_positive_rate,
@@ -27,6 +26,7 @@ from slurm_chaos.analysis.synthetic import (
     simulate_job_time,
     true_regression,
 )
+from slurm_chaos.rundir import FaultWindow
 
 BASE = JobModel(ranks=8, steps=1000, warmup_steps=25, noise=0.02, seed=11)
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from slurm_chaos.analysis.commands import compare_dirs, report_dir
-from slurm_chaos.analysis.model import Expectation
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, simulate, write_run, write_run_dir
 from slurm_chaos.errors import ChaosError, DataError, UsageError
+from slurm_chaos.rundir import Expectation
 
 XSD = Path(__file__).resolve().parents[1] / "data" / "junit" / "junit.xsd"
 BASE = JobModel(ranks=4, steps=400, warmup_steps=10, ranks_per_host=2, seed=1)

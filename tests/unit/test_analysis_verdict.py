@@ -8,20 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from slurm_chaos.analysis.model import (
-    Comparison,
+from slurm_chaos.analysis.model import Comparison, Stats, Verdict
+from slurm_chaos.analysis.verdict import judge, signal_matches
+from slurm_chaos.errors import DataError
+from slurm_chaos.rundir import (
     Expectation,
     FaultWindow,
     Observation,
     ObservationLog,
-    Stats,
-    Verdict,
     load_observations,
     observations_from_json,
     write_observations,
 )
-from slurm_chaos.analysis.verdict import judge, signal_matches
-from slurm_chaos.errors import DataError
 
 T0 = 1_700_000_000.0
 STATS = Stats(500, 0.1, 0.11, 0.12)

@@ -76,3 +76,14 @@ def test_bad_experiment_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         load_experiment_file(p)
     assert exc.value.key == "fault.when"
+
+
+def test_the_experiment_enums_are_the_schemas() -> None:
+    import json
+
+    from slurm_chaos.experiment import SCHEMA_PATH, Mode, Remediation, Strategy
+
+    props = json.loads(SCHEMA_PATH.read_text())["properties"]
+    assert [s.value for s in Strategy] == props["strategy"]["enum"]
+    assert [m.value for m in Mode] == props["mode"]["enum"]
+    assert [r.value for r in Remediation] == props["expect"]["properties"]["remediation"]["items"]["enum"]

@@ -10,7 +10,7 @@ import pytest
 
 from slurm_chaos.observe import checks
 from slurm_chaos.observe.checks import CRITICAL, OK, WARNING, GpuFacts, GpuState, Task, Thresholds
-from slurm_chaos.observe.heartbeat import Beat
+from slurm_chaos.probe.heartbeat import Beat
 
 NOW = 10_000.0
 TH = Thresholds()

@@ -17,7 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from slurm_chaos.observe import healthcheck as hc
 from slurm_chaos.observe.checks import SIGNALS
 from slurm_chaos.observe.exporter import ChaosCollector, Sources
-from slurm_chaos.observe.heartbeat import Heartbeat
+from slurm_chaos.probe.heartbeat import Heartbeat
 
 NOW = 5000.0
 

@@ -13,7 +13,7 @@ import pytest
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.observe import healthcheck as hc
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, Result, Thresholds
-from slurm_chaos.observe.heartbeat import Heartbeat
+from slurm_chaos.probe.heartbeat import Heartbeat
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.site import load_site
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_chaos.observe.heartbeat import (
+from slurm_chaos.probe.heartbeat import (
     Beat,
     Heartbeat,
     heartbeat_dir,

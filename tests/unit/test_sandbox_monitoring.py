@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from slurm_chaos.errors import ChaosError
-from slurm_chaos.observe import monitoring
 from slurm_chaos.resources import shipped
+from slurm_chaos.sandbox import monitoring
 from slurm_chaos.sandbox.layout import Layout
 
 

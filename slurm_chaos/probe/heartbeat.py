@@ -5,7 +5,7 @@ at most about once a second. ``<directory>`` is node-local on a real cluster; in
 node shares the host filesystem, hence the node level.
 
 Only root writes ``<directory>`` and its node directories (mode 0755): the prolog
-(``python -m slurm_chaos.observe.heartbeat prolog``) makes the job's own directory there and gives
+(``python -m slurm_chaos.probe.heartbeat prolog``) makes the job's own directory there and gives
 it to the job's user, and the epilog removes it. Readers trust a file only as far as that layout
 vouches for it: its owner is the job directory's (the job's user), its job is the directory's job,
 its host is the directory's node, and its time is never later than the file's last change (ctime,
@@ -390,9 +390,9 @@ def remove_job_dir(directory: Path | str, node: str, job_id: str) -> None:
 
 
 def hook_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    """``python -m slurm_chaos.observe.heartbeat prolog|epilog --dir D``: always exits 0 (a hook's own
+    """``python -m slurm_chaos.probe.heartbeat prolog|epilog --dir D``: always exits 0 (a hook's own
     failure must never drain the node); problems go to stderr with the 'slurm-chaos:' prefix."""
-    p = argparse.ArgumentParser(prog="python -m slurm_chaos.observe.heartbeat")
+    p = argparse.ArgumentParser(prog="python -m slurm_chaos.probe.heartbeat")
     p.add_argument("kind", choices=["prolog", "epilog"])
     p.add_argument("--dir", type=Path, required=True, help="the heartbeat directory")
     args = p.parse_args(argv)

@@ -1,0 +1,187 @@
+"""``observations.json``: what monitoring, Slurm and the engine's own checks saw while a fault job ran.
+
+One per experiment directory, written by the campaign, read by the analysis::
+
+    {"fault": "gpu-throttle",                      (optional)
+     "fault_window": {"start": 1700000000.0, "end": 1700000300.0 | null},
+     "observations": [{"signal": "node_drained", "time": 1700000042.5, "detail": "node2: NHC"}],
+     "expectation": {"expect_regression": true, "detect_signals": ["alert_firing:GpuSlow"], ...},
+     "crashed": false}
+
+:func:`load_observations` reads it back and names the key at fault when it is malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_chaos.errors import DataError
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the experiment's author expects the cluster to do about the fault.
+
+    Any one of ``detect_signals`` counts as detection. ``remediation`` lists steps that must all
+    happen, by short name ("drain", "requeue", "resume") or by raw signal name.
+    """
+
+    expect_regression: bool = True
+    detect_signals: tuple[str, ...] = ()
+    detect_within_s: float | None = None
+    remediation: tuple[str, ...] = ()
+    remediate_within_s: float | None = None
+    max_lost_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One thing monitoring, the scheduler or the probe reported, at a Unix time."""
+
+    signal: str
+    time: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """When the fault was active, Unix seconds; ``end`` is None for a fault left on to the end."""
+
+    start: float
+    end: float | None = None
+
+    def contains(self, t: float) -> bool:
+        return t >= self.start and (self.end is None or t <= self.end)
+
+
+@dataclass(frozen=True)
+class ObservationLog:
+    """Contents of one experiment's ``observations.json``."""
+
+    fault_window: FaultWindow
+    observations: tuple[Observation, ...]
+    expectation: Expectation
+    crashed: bool = False
+    fault: str = ""
+
+
+def observations_to_json(log: ObservationLog) -> dict[str, Any]:
+    """The JSON object :func:`load_observations` reads back."""
+    e = log.expectation
+    return {
+        "fault": log.fault,
+        "fault_window": {"start": log.fault_window.start, "end": log.fault_window.end},
+        "observations": [asdict(o) for o in log.observations],
+        "expectation": {
+            "expect_regression": e.expect_regression,
+            "detect_signals": list(e.detect_signals),
+            "detect_within_s": e.detect_within_s,
+            "remediation": list(e.remediation),
+            "remediate_within_s": e.remediate_within_s,
+            "max_lost_steps": e.max_lost_steps,
+        },
+        "crashed": log.crashed,
+    }
+
+
+def write_observations(path: Path, log: ObservationLog) -> None:
+    path.write_text(json.dumps(observations_to_json(log), indent=2, sort_keys=True) + "\n")
+
+
+def load_observations(path: Path) -> ObservationLog:
+    """Read ``observations.json``; a missing file or a malformed key raises :class:`DataError`."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (the campaign writes it for every experiment)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+    return observations_from_json(raw, str(path))
+
+
+def observations_from_json(raw: object, where: str = "observations.json") -> ObservationLog:
+    """Parse the JSON object of ``observations.json``; errors name the offending key."""
+    obj = _mapping(raw, where, "<top level>")
+    window = _mapping(obj.get("fault_window"), where, "fault_window")
+    start = _number(window.get("start"), where, "fault_window.start")
+    end_raw = window.get("end")
+    end = None if end_raw is None else _number(end_raw, where, "fault_window.end")
+    items = obj.get("observations", [])
+    if not isinstance(items, list):
+        raise DataError(f"{where}: observations: expected a list")
+    observations = tuple(_observation(item, where, i) for i, item in enumerate(items))
+    return ObservationLog(
+        fault_window=FaultWindow(start, end),
+        observations=tuple(sorted(observations, key=lambda o: (o.time, o.signal, o.detail))),
+        expectation=_expectation(obj.get("expectation", {}), where),
+        crashed=_bool(obj.get("crashed", False), where, "crashed"),
+        fault=str(obj.get("fault", "")),
+    )
+
+
+def _observation(item: object, where: str, i: int) -> Observation:
+    o = _mapping(item, where, f"observations[{i}]")
+    signal = o.get("signal")
+    if not isinstance(signal, str) or not signal:
+        raise DataError(f"{where}: observations[{i}].signal: expected a non-empty string")
+    return Observation(
+        signal, _number(o.get("time"), where, f"observations[{i}].time"), str(o.get("detail", ""))
+    )
+
+
+def _expectation(raw: object, where: str) -> Expectation:
+    e = _mapping(raw, where, "expectation")
+    known = set(Expectation.__dataclass_fields__)
+    unknown = sorted(set(e) - known)
+    if unknown:
+        raise DataError(f"{where}: expectation.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return Expectation(
+        expect_regression=_bool(e.get("expect_regression", True), where, "expectation.expect_regression"),
+        detect_signals=_strings(e.get("detect_signals", []), where, "expectation.detect_signals"),
+        detect_within_s=_optional_number(e.get("detect_within_s"), where, "expectation.detect_within_s"),
+        remediation=_strings(e.get("remediation", []), where, "expectation.remediation"),
+        remediate_within_s=_optional_number(
+            e.get("remediate_within_s"), where, "expectation.remediate_within_s"
+        ),
+        max_lost_steps=_optional_int(e.get("max_lost_steps"), where, "expectation.max_lost_steps"),
+    )
+
+
+def _mapping(raw: object, where: str, key: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: {key}: expected an object")
+    return raw
+
+
+def _number(raw: object, where: str, key: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        raise DataError(f"{where}: {key}: expected a number, got {raw!r}")
+    return float(raw)
+
+
+def _optional_number(raw: object, where: str, key: str) -> float | None:
+    return None if raw is None else _number(raw, where, key)
+
+
+def _optional_int(raw: object, where: str, key: str) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise DataError(f"{where}: {key}: expected a non-negative integer, got {raw!r}")
+    return raw
+
+
+def _bool(raw: object, where: str, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise DataError(f"{where}: {key}: expected true or false, got {raw!r}")
+    return raw
+
+
+def _strings(raw: object, where: str, key: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(s, str) and s for s in raw):
+        raise DataError(f"{where}: {key}: expected a list of non-empty strings")
+    return tuple(raw)

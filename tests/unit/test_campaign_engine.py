@@ -1,0 +1,426 @@
+"""The campaign engine against a fake Scheduler and a fake clock: no cluster, no sleeping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_chaos import rundir
+from slurm_chaos.campaign import controller, engine, remediation
+from slurm_chaos.campaign.commands import Connection, Options, start
+from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, run_experiment
+from slurm_chaos.campaign.progress import Progress
+from slurm_chaos.clock import FakeClock
+from slurm_chaos.errors import ChaosError
+from slurm_chaos.experiment import load_experiment
+from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
+from slurm_chaos.placement import NodeRank
+from slurm_chaos.site import Site, load_site
+from slurm_chaos.slurm.fake import FakeScheduler, Submission, idle_nodes
+from slurm_chaos.slurm.model import JobInfo, JobState
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+GOLDEN = DATA / "sites" / "golden.yaml"
+NODES = ("n01", "n02")
+
+
+def running(n: int, nodes: tuple[str, ...] = NODES, restarts: int = 0) -> list[JobInfo]:
+    return [JobInfo("", "job", JobState.RUNNING, nodes=nodes, restarts=restarts)] * n
+
+
+def simple(sub: Submission) -> list[JobInfo]:
+    """Queued for one poll, runs for a while (long enough for a fault due after 6 s), completes."""
+    return [
+        JobInfo("", "job", JobState.PENDING),
+        *running(40),
+        JobInfo("", "job", JobState.COMPLETED, nodes=NODES),
+    ]
+
+
+@pytest.fixture
+def site() -> Site:
+    return load_site(GOLDEN)
+
+
+@pytest.fixture
+def fake() -> FakeScheduler:
+    nodes = {n: replace(i, features=("gpu",)) for n, i in idle_nodes(0).items()}
+    nodes.update({f"n{i:02d}": idle_nodes(1, f"n{i:02d}-")[f"n{i:02d}-0"] for i in range(1, 9)})
+    nodes = {name: replace(info, name=name, features=("gpu", "fast")) for name, info in nodes.items()}
+    return FakeScheduler(node_table=nodes, lifecycle=simple)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def campaign(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, *names: str, **kw: object
+) -> Campaign:
+    exps = [load_experiment(n) for n in names]
+    return open_campaign(
+        site,
+        exps,
+        tmp_path / "run",
+        resume=bool(kw.pop("resume", False)),
+        scheduler=fake,
+        control=controller.SlurmNodeControl(fake),
+        kind="campaign",
+        progress=Progress(quiet=True),
+        clock=clock,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def observations(camp: Campaign, name: str) -> rundir.ObservationLog:
+    return rundir.load_observations(rundir.experiment_dir(camp.run_dir, name) / rundir.OBSERVATIONS)
+
+
+# ------------------------------------------------------------------ the stages
+
+
+def test_drain_is_injected_when_due_requeued_and_rolled_back(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    run_experiment(camp, camp.experiments[0])
+    baseline, fault = (s.job_id for s in fake.submissions)
+    (drained,) = fake.called("drain")
+    assert drained[0] == "n02"  # node=1 of the job's nodes
+    assert fake.called("requeue") == [((fault,),)]
+    assert ("n02",) in fake.called("resume")  # rolled back
+    assert "DRAIN" not in fake.node_table["n02"].state
+    assert controller.ControllerJournal(camp.run_dir / rundir.CONTROLLER_JOURNAL).pending() == []
+    job = camp.manifest.job("node-drain-requeue", "fault")
+    assert job is not None and job.state == JobState.COMPLETED and job.started is not None
+    log = observations(camp, "node-drain-requeue")
+    # The fault window starts at the injection: 6 s into the job, not at its start.
+    assert job.started + 6 <= log.fault_window.start < job.started + 6 + 2.0
+    assert not log.crashed
+    assert log.expectation.remediation == ("requeue", "resume")
+    assert camp.manifest.completed == camp.manifest.experiments == ["node-drain-requeue"]
+    assert rundir.read_manifest(camp.run_dir).job("node-drain-requeue", "fault") == job
+    assert not any("fault_injected_at" in k for k in camp.manifest.timings)
+    assert fake.state_of(baseline).state == JobState.COMPLETED
+
+
+def test_each_tick_asks_once_per_kind_and_backs_off(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    before = fake.queries.copy()
+    job = engine.submit(camp, camp.experiments[0], rundir.Role.FAULT, "control-aa", tmp_path / "f")
+    watcher = engine.Watcher(fake, job.job_id, None, clock)
+    clock.sleeps.clear()
+    watched = engine.watch(camp, job, "control-aa", watcher)
+    polls = fake.queries["poll"] - before["poll"]
+    node_queries = fake.queries["nodes"] - before["nodes"]
+    assert watched.final.state == JobState.COMPLETED
+    assert polls == len(clock.sleeps) + 1  # one poll per tick
+    assert node_queries <= polls  # and at most one node query, whatever the node count
+    # Nothing changes while it runs: the wait grows from 0.5 s to its cap.
+    assert clock.sleeps[0] == 0.5 and max(clock.sleeps) == 2.0
+    assert polls < 45
+
+
+def test_a_job_that_never_ends_is_cancelled(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    fake.lifecycle = lambda sub: running(1)
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    with pytest.raises(ChaosError, match="did not finish within 720 s; cancelled"):
+        run_campaign(camp)
+    (job,) = (s.job_id for s in fake.submissions)
+    assert fake.called("cancel")[-1] == ((job,),)
+    assert camp.manifest.finished is not None
+
+
+# ------------------------------------------------------------------ rollback on every path
+
+
+def test_interrupt_while_watching_cancels_and_rolls_back(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    ticks = 0
+    real_poll = fake.poll
+
+    def poll(ids: Sequence[str]) -> dict[str, JobInfo]:
+        nonlocal ticks
+        if fake.called("drain"):
+            ticks += 1
+            if ticks == 3:
+                raise KeyboardInterrupt
+        return real_poll(ids)
+
+    fake.poll = poll  # type: ignore[method-assign]
+    assert run_campaign(camp) is False
+    fault = fake.submissions[-1].job_id
+    assert ((fault,),) in fake.called("cancel")
+    assert "DRAIN" not in fake.node_table["n02"].state
+    assert "rolled back drain n02" in capsys.readouterr().err
+    manifest = rundir.read_manifest(camp.run_dir)
+    assert manifest.interrupted and manifest.completed == []
+
+
+def test_an_error_while_watching_still_rolls_back(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    real_requeue = fake.requeue
+
+    def refuse(ids: Sequence[str]) -> None:
+        real_requeue(ids)
+        raise ChaosError("requeue refused")
+
+    fake.requeue = refuse  # type: ignore[method-assign]
+    with pytest.raises(ChaosError, match="requeue refused"):
+        run_experiment(camp, camp.experiments[0])
+    assert fake.called("drain") and ("n02",) in fake.called("resume")
+    assert "DRAIN" not in fake.node_table["n02"].state
+
+
+def test_a_failed_rollback_stays_pending_for_cleanup(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+
+    def resume(node: str) -> None:
+        raise ChaosError("controller down")
+
+    fake.resume = resume  # type: ignore[method-assign]
+    run_experiment(camp, camp.experiments[0])
+    (left,) = camp.journal.pending()
+    assert (left.kind, left.node) == (controller.ActionKind.DRAIN, "n02")
+
+
+def test_a_refused_submission_names_the_plugin(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    fake.fail_submit = "sbatch: unrecognized option '--chaos=gpu-throttle'"
+    with pytest.raises(ChaosError, match="SPANK plugin is not loaded"):
+        run_campaign(camp)
+
+
+def test_stop_cancels_waits_and_settles(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    camp.active.add("7")
+    fake.drain("n03", f"{HEALTHCHECK_PREFIX} gpu: hot")
+    engine.stop(camp)
+    assert fake.called("cancel")[0] == (("7",),)
+    assert ("n03",) in fake.called("resume")  # the health check never resumed it
+    assert clock.now - 1_700_000_000.0 >= engine.SETTLE_TIMEOUT_S
+    assert not camp.active
+
+
+# ------------------------------------------------------------------ requeue, resume, time budget
+
+
+def requeued_once(sub: Submission) -> list[JobInfo]:
+    """A fault job that loses its rack: requeued, then runs again under the other switch."""
+    if sub.script is None or "fault" not in sub.script.name:
+        return simple(sub)
+    return [
+        JobInfo("", "job", JobState.PENDING),
+        *running(10),
+        JobInfo("", "job", JobState.REQUEUED, nodes=NODES, restarts=1),
+        JobInfo("", "job", JobState.PENDING, restarts=1),
+        *running(5, ("n05", "n06"), restarts=1),
+        JobInfo("", "job", JobState.COMPLETED, nodes=("n05", "n06"), restarts=1),
+    ]
+
+
+def test_requeue_is_watched_through_and_the_new_switch_checked(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    fake.lifecycle = requeued_once
+    camp = campaign(site, fake, clock, tmp_path, "rack-loss")
+    run_experiment(camp, camp.experiments[0])
+    lost = {args[0] for args in fake.called("mark_down")}
+    assert lost == {"n01", "n02", "n03", "n04"}  # the whole first switch
+    assert {args[0] for args in fake.called("resume")} >= lost
+    signals = [o.signal for o in observations(camp, "rack-loss").observations]
+    assert {"node_down", "job_requeued", "job_rescheduled", "rescheduled_same_switch"} <= set(signals)
+    assert signals.index("job_requeued") < signals.index("job_rescheduled")
+    job = camp.manifest.job("rack-loss", "fault")
+    assert job is not None and job.restarts == 1 and job.nodes == ("n05", "n06")
+
+
+def test_resume_runs_only_what_is_left(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa", "node-drain-requeue")
+    real_submit = fake.submit
+    calls = 0
+
+    def submit_then_interrupt(script: Path, args: Sequence[str] = (), env: object = None) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # node-drain-requeue's fault job (its baseline is shared with control-aa)
+            raise KeyboardInterrupt
+        return real_submit(script, args, env)  # type: ignore[arg-type]
+
+    fake.submit = submit_then_interrupt  # type: ignore[method-assign,assignment]
+    assert run_campaign(camp) is False
+    assert rundir.read_manifest(camp.run_dir).completed == ["control-aa"]
+    fake.submit = real_submit  # type: ignore[method-assign]
+    before = len(fake.submissions)
+    again = campaign(site, fake, clock, tmp_path, "control-aa", "node-drain-requeue", resume=True)
+    assert run_campaign(again) is True
+    new = fake.submissions[before:]
+    assert [s.script.name for s in new if s.script] == ["fault.sbatch"]  # no second baseline
+    assert again.manifest.experiments == ["control-aa", "node-drain-requeue"]
+
+
+def test_time_budget_leaves_the_rest_for_resume(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa", "node-drain-requeue", time_budget_s=10.0)
+    assert run_campaign(camp) is False
+    manifest = rundir.read_manifest(camp.run_dir)
+    assert manifest.interrupted and manifest.completed == ["control-aa"]
+    assert manifest.planned == ["control-aa", "node-drain-requeue"]
+
+
+def test_start_takes_the_cluster_it_is_given(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    opts = Options(site=GOLDEN, out=tmp_path / "run", quiet=True)
+    camp = start(
+        opts,
+        [load_experiment("control-aa")],
+        None,
+        "run",
+        lambda s: Connection(fake, controller.SlurmNodeControl(fake), clock),
+    )
+    assert isinstance(camp, Campaign)
+    assert camp.manifest.started == clock.now and camp.manifest.slurm_version == fake.slurm_version
+    assert run_campaign(camp) is True
+
+
+# ------------------------------------------------------------------ remediation checks
+
+
+def slow_n02(dirs: Sequence[Path]) -> list[NodeRank]:
+    return [NodeRank("n02", 0.5, 2, True, 2), NodeRank("n01", 1.0, 2, False, 1)]
+
+
+def placed_on(nodes: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    def lifecycle(sub: Submission) -> list[JobInfo]:
+        if sub.command is None:
+            return simple(sub)
+        return [JobInfo("", "wrap", JobState.PENDING), JobInfo("", "wrap", JobState.RUNNING, nodes=nodes)]
+
+    return lifecycle
+
+
+@pytest.mark.parametrize(("nodes", "avoided"), [(("n01", "n03"), True), (("n01", "n02"), False)])
+def test_avoid_slow_node_marks_it_checks_placement_and_restores(
+    site: Site,
+    fake: FakeScheduler,
+    clock: FakeClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    nodes: tuple[str, ...],
+    avoided: bool,
+) -> None:
+    monkeypatch.setattr(remediation, "rank_nodes", slow_n02)
+    fake.lifecycle = placed_on(nodes)
+    before = dict(fake.node_table)
+    camp = campaign(site, fake, clock, tmp_path, "known-slow-node")
+    run_experiment(camp, camp.experiments[0])
+    assert ("n02", 2, ("gpu",)) in fake.called("update_node")  # slow: heavier, not fast
+    (wrap,) = [s for s in fake.submissions if s.command is not None]
+    assert "--constraint=fast" in wrap.args and "--reservation=maint" in wrap.args
+    assert ((wrap.job_id,),) in fake.called("cancel")
+    signals = [o.signal for o in observations(camp, "known-slow-node").observations]
+    assert "slow_node_identified" in signals
+    assert ("avoided_slow_node" in signals) is avoided
+    assert fake.node_table == before  # weights and features restored
+
+
+def test_avoid_slow_node_is_skipped_when_the_job_crashed(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remediation, "rank_nodes", slow_n02)
+    fake.lifecycle = lambda sub: [*running(2), JobInfo("", "job", JobState.FAILED, nodes=NODES)]
+    camp = campaign(site, fake, clock, tmp_path, "known-slow-node")
+    # The baseline would fail first: run the fault job's stages by hand.
+    p = engine.plan(camp, camp.experiments[0])
+    job = engine.submit(camp, camp.experiments[0], rundir.Role.FAULT, "known-slow-node", p.exp_dir / "fault")
+    watched = engine.watch(camp, job, "known-slow-node")
+    log = engine.collect(camp, p, watched)
+    assert log.crashed and not fake.called("update_node") and not fake.called("submit_wrap")
+
+
+def test_a_failing_check_still_restores_the_settings(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remediation, "rank_nodes", slow_n02)
+    camp = campaign(site, fake, clock, tmp_path, "known-slow-node")
+    before = dict(fake.node_table)
+    real = fake.submit_wrap
+
+    def refused(command: str, args: Sequence[str] = (), env: object = None) -> str:
+        fake.fail_submit = (
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+        )
+        return real(command, args, env)  # type: ignore[arg-type]
+
+    fake.submit_wrap = refused  # type: ignore[method-assign,assignment]
+    with pytest.raises(ChaosError, match="placement check job was refused"):
+        run_experiment(camp, camp.experiments[0])
+    assert fake.node_table == before
+    assert camp.journal.pending() == []
+
+
+def test_every_remediation_check_is_keyed_by_the_schema() -> None:
+    schema = json.loads(
+        (Path(remediation.__file__).parents[1] / "schemas" / "experiment.schema.json").read_text()
+    )
+    names = schema["properties"]["expect"]["properties"]["remediation"]["items"]["enum"]
+    assert sorted(names) == sorted(r.value for r in remediation.Remediation)
+    assert set(remediation.CHECKS) <= set(remediation.Remediation)
+
+
+def test_settle_waits_for_the_health_check(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    fake.drain("n01", f"{HEALTHCHECK_PREFIX} numa: mismatch")
+    real_nodes = fake.nodes
+
+    def nodes(names: object = None) -> dict[str, object]:
+        if len(fake.called("nodes")) >= 3:
+            fake.node_table["n01"] = replace(fake.node_table["n01"], state=frozenset({"IDLE"}), reason="")
+        return real_nodes(names)  # type: ignore[arg-type,return-value]
+
+    fake.nodes = nodes  # type: ignore[method-assign,assignment]
+    assert engine.settle(camp, ["n01", "n02"]) == []
+    assert not fake.called("resume")
+
+
+def test_a_fault_waiting_for_the_start_keeps_polling_fast(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    fake.lifecycle = lambda sub: [*[JobInfo("", "job", JobState.PENDING)] * 10, *simple(sub)]
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    p = engine.plan(camp, camp.experiments[0])
+    job = engine.submit(
+        camp, camp.experiments[0], rundir.Role.FAULT, "node-drain-requeue", p.exp_dir / "fault"
+    )
+    clock.sleeps.clear()
+    watched = engine.watch(camp, job, "node-drain-requeue", None, camp.experiments[0], p.faults)
+    assert clock.sleeps[:11] == [0.5] * 11  # pending: the start is seen within half a second
+    (injection,) = watched.injections
+    assert watched.job.started is not None
+    assert injection.at - watched.job.started == pytest.approx(6.0)  # exactly when due
+    assert injection.nodes == ("n02",) and injection.requeued
