@@ -240,8 +240,8 @@ def _plugin_install(args: argparse.Namespace) -> int:
 
 
 def _plugin_check(args: argparse.Namespace) -> int:
-    from slurm_chaos.faults.plugin_check import check_site
     from slurm_chaos.hostlist import expand_hostlist
+    from slurm_chaos.plugin_check import check_site
 
     report = check_site(args.site, expand_hostlist(args.nodes) if args.nodes else None)
     print(report.to_json() if args.json else report.table())

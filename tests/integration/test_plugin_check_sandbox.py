@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from slurm_chaos.faults import plugin_check as pc
+from slurm_chaos import plugin_check as pc
 from slurm_chaos.faults.install_hooks import HOOK_NAME
 from slurm_chaos.faults.plugin_install import update_plugstack
 from slurm_chaos.runner import SubprocessRunner

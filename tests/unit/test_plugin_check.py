@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurm_chaos import plugin_check as pc
 from slurm_chaos.errors import UsageError
 from slurm_chaos.faults import install_hooks
-from slurm_chaos.faults import plugin_check as pc
 from slurm_chaos.faults.plugin_install import PluginArgs, plugstack_line, render_job_submit
 from slurm_chaos.faults.policy import Policy, write_policy
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.site import load_site
 from slurm_chaos.slurm.model import ClusterConfig
+from slurm_chaos.slurm.step import StepRunner
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 USER = 1000
@@ -353,7 +354,7 @@ def test_runner_files_read_a_node_with_stat_readlink_cat_and_find() -> None:
 
 def test_srun_runner_runs_each_command_as_one_task_on_the_node() -> None:
     runner = FakeRunner(lambda argv: Completed(argv, 0, "0\n", ""))
-    files = pc.RunnerFiles(pc.SrunRunner(runner, "gpu7", ("--partition=p", "--reservation=maint")))
+    files = pc.RunnerFiles(StepRunner(runner, "gpu7", ("--partition=p", "--reservation=maint")))
     assert files.reach() is None
     assert runner.calls[0] == (
         "srun",

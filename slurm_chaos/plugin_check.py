@@ -52,9 +52,10 @@ from slurm_chaos.faults.plugin_install import (
     slurm_etc,
 )
 from slurm_chaos.faults.policy import PolicyError, parse_policy
-from slurm_chaos.runner import Completed, Runner, SubprocessRunner
+from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.model import ClusterConfig
+from slurm_chaos.slurm.step import StepRunner
 
 CONTROLLER = "controller"
 SHIM_FILE = "libslurm_chaos_io.so"
@@ -213,7 +214,7 @@ class LocalFiles:
 @dataclass
 class RunnerFiles:
     """Another host's files, read with ``stat``, ``readlink``, ``cat`` and ``find`` through a runner
-    (an NsRunner into a sandbox node, an SrunRunner onto a real one). lstat answers are cached:
+    (an NsRunner into a sandbox node, a StepRunner onto a real one). lstat answers are cached:
     a walk asks for every directory above a path in one command."""
 
     runner: Runner
@@ -263,26 +264,6 @@ def parse_stat(text: str) -> dict[str, Entry]:
             except ValueError:
                 continue
     return out
-
-
-@dataclass
-class SrunRunner:
-    """A Runner that runs every command on one node of a real cluster, as a one-task job step."""
-
-    inner: Runner
-    node: str
-    options: tuple[str, ...] = ()
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        input: str | None = None,
-    ) -> Completed:
-        head = ["srun", f"--nodelist={self.node}", "--nodes=1", "--ntasks=1", "--quiet", *self.options]
-        return self.inner([*head, "--", *argv], timeout=timeout, env=env, input=input)
 
 
 # ------------------------------------------------------------------------------ ownership walks
@@ -911,7 +892,7 @@ def node_access(site: Site, node: str, runner: Runner) -> NodeFiles | str:
         opts = [f"--partition={site.slurm.partition}", "--time=5", "--job-name=slurm-chaos-check"]
         if site.slurm.reservation:
             opts.append(f"--reservation={site.slurm.reservation}")
-        files = RunnerFiles(SrunRunner(runner, node, tuple(opts)))
+        files = RunnerFiles(StepRunner(runner, node, tuple(opts)))
     return files.reach() or files
 
 
