@@ -191,13 +191,17 @@ def mark_tidy(journal_root: Path, node: str) -> bool:
     node_dir = journal_root / node
     if "/" in node or not node_dir.is_dir() or node_dir.is_symlink():
         return False
+    # The stamp's time is a second before the scan began: a journal or grant written during the
+    # scan stays newer than it (file times come from a coarser clock than time.time()), so the
+    # next epilog's `find -newer` still sees it. Too early only costs one more look.
+    began = time.time() - 1.0
     if any(node_dir.glob(f"*{GRANT_SUFFIX}")) or any(
         j.read().pending() for j in journals(journal_root, [node])
     ):
         return False
     fd = os.open(node_dir / TIDY_NAME, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     os.close(fd)
-    os.utime(node_dir / TIDY_NAME, follow_symlinks=False)
+    os.utime(node_dir / TIDY_NAME, times=(began, began), follow_symlinks=False)
     return True
 
 

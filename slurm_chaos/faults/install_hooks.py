@@ -144,6 +144,46 @@ def unsafe_for_root(path: Path) -> str | None:
     return None
 
 
+def unsafe_code_for_root(root: Path) -> str | None:
+    """Why root should not run the slurm_chaos package under import root `root`: `root`, the
+    package directory itself (followed to where it really is) or anything in it is not root's or
+    is writable by others, or links to something that is. None if safe."""
+    why = unsafe_for_root(root)
+    if why:
+        return why
+    package = (root / "slurm_chaos").resolve()
+    why = unsafe_for_root(package)
+    if why:
+        return why
+    for dirpath, dirnames, filenames in os.walk(package):
+        for name in [*dirnames, *filenames]:
+            entry = Path(dirpath) / name
+            try:
+                st = entry.lstat()
+            except OSError as exc:
+                return f"{entry}: {exc.strerror}"
+            if stat.S_ISLNK(st.st_mode):
+                why = unsafe_for_root(entry.resolve())
+                if why:
+                    return f"{entry} links to code that is not root's alone: {why}"
+            elif st.st_uid != 0:
+                return f"{entry} is owned by uid {st.st_uid}, not root"
+            elif st.st_mode & 0o022:
+                return f"{entry} is writable by group or others (mode {st.st_mode & 0o7777:o})"
+    return None
+
+
+def refuse_unsafe_code(what: str) -> None:
+    """ConfigError when, running as root, the code that hooks written now would run as root (this
+    package, from its import root) is not root's alone."""
+    if os.geteuid() != 0:
+        return
+    root = import_root()
+    why = unsafe_code_for_root(root)
+    if why:
+        raise ConfigError(str(root), "", f"{what} would run this code as root, but {why}")
+
+
 def install_hooks(
     hooks_dir: Path,
     python: str,
@@ -163,10 +203,7 @@ def install_hooks(
     site's allowed checkpoint roots (none: ckpt-full refuses every path). ConfigError when the
     code the hooks would run as root is not root's alone.
     """
-    root = import_root()
-    why = unsafe_for_root(root) if os.geteuid() == 0 else None
-    if why:
-        raise ConfigError(str(root), "", f"the hooks would run this code as root, but {why}")
+    refuse_unsafe_code("the hooks")
     policy = policy or hooks_dir / POLICY_NAME
     written = []
     for kind in ("prolog", "epilog"):

@@ -382,7 +382,11 @@ def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
     """Write ``prolog.d/`` and ``epilog.d/40-slurm-chaos-heartbeat``: every job gets its own heartbeat
     directory (``<heartbeats>/<node>/<job>``, its user's) at its start and loses it at its end.
 
-    They run for every job, so they are short and bounded, and exit 0 whatever happens."""
+    They run for every job, so they are short and bounded, and exit 0 whatever happens. ConfigError
+    when the code they would run as root is not root's alone."""
+    from slurm_chaos.faults.install_hooks import refuse_unsafe_code
+
+    refuse_unsafe_code("the heartbeat hooks")
     written = []
     for kind in ("prolog", "epilog"):
         hook = hooks_dir / f"{kind}.d" / HEARTBEAT_HOOK_NAME
@@ -409,7 +413,11 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
 
     The hooks run this module with the interpreter and source tree installing it, so they work from
     a checkout as well as from an installed package. Returns the health check hook's path.
+    ConfigError when that code is not root's alone (root would run it).
     """
+    from slurm_chaos.faults.install_hooks import refuse_unsafe_code
+
+    refuse_unsafe_code("the health check hook")
     opts = site_options(site, heartbeats)
     config = hooks_dir / CONFIG_NAME
     comment = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -17,7 +18,13 @@ import pytest
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import authz
 from slurm_chaos.faults.hooks.__main__ import main as hook_main
-from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks, unsafe_for_root
+from slurm_chaos.faults.install_hooks import (
+    HOOK_NAME,
+    install_hooks,
+    uninstall_hooks,
+    unsafe_code_for_root,
+    unsafe_for_root,
+)
 from slurm_chaos.faults.policy import Policy, PolicyError, write_policy
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.backend import Scheduler
@@ -285,6 +292,29 @@ def test_hooks_refuse_to_run_code_others_may_change(tmp_path: Path) -> None:
     assert "owned by uid 1000, not root" in str(unsafe_for_root(code))
 
 
+def test_hooks_refuse_a_package_directory_others_may_change(tmp_path: Path) -> None:
+    """The import root is root's, but the slurm_chaos directory in it (or what it links to, or a
+    file in it) is not: root would still run another user's code."""
+    root = tmp_path / "site"
+    package = root / "slurm_chaos"
+    (package / "faults").mkdir(parents=True)
+    (package / "faults" / "agent.py").write_text("")
+    tmp_path.chmod(0o755)
+    assert unsafe_code_for_root(root) is None
+    package.chmod(0o777)
+    assert "slurm_chaos is writable by group or others" in str(unsafe_code_for_root(root))
+    package.chmod(0o755)
+    os.chown(package / "faults" / "agent.py", 1000, 1000)
+    assert "agent.py is owned by uid 1000" in str(unsafe_code_for_root(root))
+    os.chown(package / "faults" / "agent.py", 0, 0)
+    elsewhere = tmp_path / "home" / "alice" / "slurm_chaos"
+    elsewhere.mkdir(parents=True)
+    os.chown(elsewhere.parent, 1000, 1000)
+    shutil.rmtree(package)
+    package.symlink_to(elsewhere)  # root's link, a user's tree behind it
+    assert "owned by uid 1000" in str(unsafe_code_for_root(root))
+
+
 def test_grant_is_written_under_the_hostname_too(tmp_path: Path, policy: Path) -> None:
     d = authz.decide("42", "nodeX", ENV, scheduler(RECORD), policy)
     assert d is not None
@@ -347,3 +377,23 @@ def test_cleanup_removes_expired_grants_and_those_of_ended_jobs(tmp_path: Path) 
     assert [p.name for p in node_dir.glob("*.grant")] == ["2.grant"]
     (node_dir / "2.grant").unlink()
     assert mark_tidy(tmp_path, "node1") and (node_dir / ".tidy").exists()
+
+
+def test_tidy_stamp_is_older_than_a_journal_written_while_it_was_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prolog that writes its journal while the epilog scans must stay visible to `find -newer`."""
+    from slurm_chaos.faults import cleanup as cleanup_module
+
+    node_dir = tmp_path / "node1"
+    node_dir.mkdir()
+    scan = cleanup_module.journals
+
+    def journals_while_a_prolog_writes(root: Path, nodes: list[str] | None) -> object:
+        found = scan(root, nodes)
+        (node_dir / "8.jsonl").write_text("")  # written during the scan: not seen by it
+        return found
+
+    monkeypatch.setattr(cleanup_module, "journals", journals_while_a_prolog_writes)
+    assert cleanup_module.mark_tidy(tmp_path, "node1")
+    assert (node_dir / "8.jsonl").stat().st_mtime > (node_dir / ".tidy").stat().st_mtime
