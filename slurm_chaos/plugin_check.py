@@ -726,7 +726,12 @@ def import_root_findings(files: NodeFiles, host: str, item: str, root: str, exp:
     if found.status is not Status.OK:
         return [found]
     package = os.path.join(root, "slurm_chaos")
-    bad = files.unsafe_below(package)
+    # The package directory itself (followed where it links), then everything in it: a root-owned
+    # import root may hold a package directory that a user owns or links to.
+    found_package, _ = check_root_path(files, host, item, package, fix)
+    if found_package.status is not Status.OK:
+        return [found_package]
+    bad = files.unsafe_below(package + "/")  # the slash: into the package where it is a link
     if bad:
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         detail = f"not root's alone: {', '.join(bad[:3])}{more}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -234,6 +235,23 @@ def test_a_symlinked_import_root_is_followed_to_the_users_tree(inst: Install) ->
     src.symlink_to(user_src)
     f = inst.problems()[("node1", "prolog hook import root")]
     assert f.detail == f"{user_src} is owned by uid {USER}, not root"
+
+
+def test_the_package_directory_itself_must_be_roots_alone(inst: Install) -> None:
+    """A root-owned import root holding a package directory a user may change, or one that links
+    into a user's tree, is root code from another user's hands."""
+    inst.p("src/slurm_chaos").chmod(0o777)
+    f = inst.problems()[("node1", "prolog hook import root")]
+    assert f.status is pc.Status.UNSAFE and "slurm_chaos" in f.path + f.detail
+    inst.p("src/slurm_chaos").chmod(0o755)
+    user_pkg = inst.p("home/alice/slurm_chaos")
+    user_pkg.mkdir(parents=True)
+    (user_pkg / "__init__.py").write_text("")
+    inst.give_to_user("home/alice")
+    shutil.rmtree(inst.p("src/slurm_chaos"))
+    inst.p("src/slurm_chaos").symlink_to(user_pkg)
+    f = inst.problems()[("node1", "prolog hook import root")]
+    assert f.status is pc.Status.UNSAFE and f"owned by uid {USER}" in f.detail
 
 
 def test_a_file_inside_the_package_writable_by_others_is_unsafe(inst: Install) -> None:
