@@ -8,6 +8,7 @@ editable install) the top-level directories are read where they are.
 
 from __future__ import annotations
 
+import sys
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
@@ -61,3 +62,14 @@ def site_config(arg: str) -> Path:
 def import_root() -> Path:
     """The directory to put on a child's PYTHONPATH so that it imports this slurm_chaos."""
     return _ROOT
+
+
+def isolated_python(module: str, func: str = "main") -> list[str]:
+    """``python -I -c BOOTSTRAP``: `module`'s `func(argv)` run by this interpreter on this
+    slurm_chaos, isolated (no PYTHON* variables, neither the current directory nor user
+    site-packages on sys.path): how root runs our code; append its arguments."""
+    boot = (
+        f"import sys; sys.path.insert(0, {str(import_root())!r}); "
+        f"from {module} import {func}; sys.exit({func}(sys.argv[1:]))"
+    )
+    return [sys.executable, "-I", "-c", boot]

@@ -28,6 +28,7 @@ from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Undo
 from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
 from slurm_chaos.faults.spec import FaultRequest
+from slurm_chaos.resources import isolated_python
 from slurm_chaos.runner import Runner
 
 KMSG = Path("/dev/kmsg")
@@ -209,11 +210,9 @@ def burn_argv(ctx: JobContext, seconds: float) -> list[str]:
             f"GPU burn: job {ctx.job_id} holds no GPU on {ctx.node} (SLURM_JOB_GPUS unset): "
             "slurm-chaos burns only the job's own GPUs"
         )
-    module = "slurm_chaos.faults.node_gpu"
+    # Run by the root agent: isolated, on this slurm_chaos (a checkout is not on a bare sys.path).
     return [
-        sys.executable,
-        "-m",
-        module,
+        *isolated_python("slurm_chaos.faults.node_gpu"),
         "burn",
         "--seconds",
         f"{seconds:g}",

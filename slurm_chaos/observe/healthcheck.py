@@ -363,13 +363,9 @@ def _root_preamble() -> str:
 def _root_python(module: str, func: str) -> str:
     """``PYTHON -I -c BOOTSTRAP``: `module`'s `func` run with the interpreter and source tree installing
     it, isolated (no PYTHON* variables, neither the current directory nor user site-packages)."""
-    from slurm_chaos.resources import import_root
+    from slurm_chaos.resources import isolated_python
 
-    boot = (
-        f"import sys; sys.path.insert(0, {str(import_root())!r}); "
-        f"from {module} import {func}; sys.exit({func}(sys.argv[1:]))"
-    )
-    return f"{shlex.quote(sys.executable)} -I -c {shlex.quote(boot)}"
+    return shlex.join(isolated_python(module, func))
 
 
 def _timeout_bin() -> str:

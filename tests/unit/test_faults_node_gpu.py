@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from pathlib import Path
 
@@ -127,7 +128,11 @@ def test_a_gpu_the_job_does_not_hold_is_refused(
 def test_gpu_burn_runs_on_the_jobs_gpus_only(tmp_path: Path) -> None:
     ctx = ctx_for(tmp_path, FakeRunner(lambda a: Completed(a, 0, "", "")), gpus=(1, 3))
     argv = node_gpu.burn_argv(ctx, 30)
-    assert argv[1:] == ["-m", "slurm_chaos.faults.node_gpu", "burn", "--seconds", "30", "--gpus", "1,3"]
+    assert argv[1:3] == ["-I", "-c"] and "from slurm_chaos.faults.node_gpu import main" in argv[3]
+    assert argv[4:] == ["burn", "--seconds", "30", "--gpus", "1,3"]
+    # It runs from anywhere, isolated, on this slurm_chaos (a checkout included): its usage error.
+    done = subprocess.run([*argv[:4], "burn"], cwd="/", capture_output=True, text=True, env={})
+    assert done.returncode == 2 and "--seconds" in done.stderr, done.stderr
     assert node_gpu.burn_env((1, 3)) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3"}
     with pytest.raises(ChaosError, match="holds no GPU on node2"):
         node_gpu.burn_argv(ctx_for(tmp_path, FakeRunner(lambda a: Completed(a, 0, "", "")), gpus=()), 30)
