@@ -54,6 +54,15 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _installed(sandbox: SandboxHandle, chaos_site: Path) -> None:
+    """`plugin install` again: modules before this one remove the node hooks they installed."""
+    from slurm_chaos.cli import main
+
+    prefix = sandbox.shared_dir.parent / "prefix"
+    assert main(["plugin", "install", "--site", str(chaos_site), "--prefix", str(prefix)]) == 0
+
+
 def test_a_fresh_install_has_no_problem_but_the_cgroup_settings(
     sandbox: SandboxHandle, chaos_site: Path
 ) -> None:

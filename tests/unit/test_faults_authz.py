@@ -274,6 +274,8 @@ def test_installed_hooks_skip_python_unless_the_policy_may_name_the_user(tmp_pat
     assert epilog_runs_python("9")
     assert epilog_runs_python("10")  # another job: node1 was never tidied
     (node_dir / ".tidy").touch()
+    # File times tick coarser than the test runs: the tidy state a few seconds old, the grant older.
+    os.utime(node_dir / ".tidy", (time.time() - 5, time.time() - 5))
     os.utime(node_dir / "9.grant", (1, 1))
     assert not epilog_runs_python("10")  # nothing newer than the tidy state
     (node_dir / "7.jsonl").write_text("")
