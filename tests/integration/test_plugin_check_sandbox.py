@@ -134,8 +134,10 @@ def test_an_unsafe_install_names_each_problem(
     text = hook.read_text()
     import_root = pc.import_root_of(text)
     assert import_root, text
-    hook.write_text(text.replace(import_root, str(user_src)))
+    # The import root alone, not paths below it (the interpreter may be a venv in the checkout).
+    hook.write_text(re.sub(re.escape(import_root) + r"(?![\w./-])", str(user_src), text))
     assert pc.import_root_of(hook.read_text()) == str(user_src)
+    assert pc.python_of(hook.read_text()) == pc.python_of(text)
     # 4. PrologFlags without Contain, as slurmctld reports a slurm.conf that has only Alloc
     site = load_site(chaos_site)
     site = dataclasses.replace(
