@@ -6,7 +6,7 @@ Usage: python bench/bench_aa_sandbox.py --site site_configs/sandbox.yaml [--cali
 Runs the control job (no fault) --calibration-runs times and calibrates (`slurm-chaos calibrate`),
 then runs it --held-out-runs times more and judges every pair of those at the recommended threshold.
 Prints both sets' run-to-run spread, the false-positive rate at the campaigns' own 5% and at the
-calibrated threshold, and the control verdicts (a BLIND SPOT there is a false alarm a campaign
+calibrated threshold, and the control verdicts (any but PASSED there is a false alarm a campaign
 would report). The two sets are measured one after the other, so a machine whose noise changes
 between them shows it as a higher held-out rate: that is the point of holding them out.
 """
@@ -63,11 +63,11 @@ def main() -> None:
             str(root / "calibration" / "calibration.json"),
         )
         print(line("held out", held))
-    blind = held["verdicts"].get("BLIND SPOT", 0)
+    alarms = sum(n for v, n in held["verdicts"].items() if v != "PASSED")
     rate = float(held["false_positive_rate"])
     print(
         f"held-out A/A at the calibrated threshold: false-positive rate {100 * rate:.2f}% "
-        f"(goal <= 1%), {blind} BLIND SPOT (goal 0); took {time.perf_counter() - t0:.0f} s"
+        f"(goal <= 1%), {alarms} control verdicts not PASSED (goal 0); took {time.perf_counter() - t0:.0f} s"
     )
 
 

@@ -12,7 +12,7 @@ trap '"$PY" -m slurm_chaos sandbox down --name "$SLURM_CHAOS_SANDBOX" >/dev/null
 echo "== ruff"; ruff check slurm_chaos tests bench || status=1
 echo "== mypy"; mypy || status=1
 echo "== pytest"
-"$PY" -m pytest -ra -p no:cacheprovider "$@"
+"$PY" -m pytest -ra --durations=25 -p no:cacheprovider "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "slurm-chaos: pytest collected no tests" >&2

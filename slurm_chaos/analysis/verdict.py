@@ -8,9 +8,15 @@ Order of the checks (the first that applies wins):
    was expected -> NO EFFECT (the injection itself is suspect); no slowdown expected -> BLIND SPOT;
 3. detected (or nothing to detect), but an expected remediation step is missing or late -> NOT RECOVERED;
 4. nothing to detect was declared, yet the job slowed down significantly and no signal at all was
-   seen -> BLIND SPOT;
+   seen -> BLIND SPOT, or INCONCLUSIVE where no slowdown was expected (an A/A control: the
+   comparison itself is too noisy to trust);
 5. a slowdown was expected and neither it nor any detection happened -> NO EFFECT / INCONCLUSIVE;
 6. otherwise PASSED.
+
+A slowdown is the fault's sign only where the experiment expects one (``expect.regression``). For a
+fault judged on events (a drain, a requeue, a full volume) a step-time change between the baseline
+and the fault run is as likely the machine's run-to-run noise: it is stated beside the verdict,
+never the reason for it.
 """
 
 from __future__ import annotations
@@ -91,9 +97,10 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
         return verdict(Verdict.NOT_RECOVERED, f"lost {lost_steps} steps, at most {e.max_lost_steps} allowed")
     slowed = c is not None and c.significant and c.regression > 0
     noisy = c is None or bool(c.inconclusive_reason)
+    aside = _unexpected_change(c) if slowed and not e.expect_regression else ""
     if e.detect_signals and (ttd is None or (e.detect_within_s is not None and ttd > e.detect_within_s)):
         late = "" if ttd is None else f" (first seen after {ttd:.0f} s, deadline {e.detect_within_s:.0f} s)"
-        if slowed:
+        if slowed and e.expect_regression:
             assert c is not None
             return verdict(
                 Verdict.BLIND_SPOT, f"step time {_pct(c)} but no {'/'.join(e.detect_signals)} in time{late}"
@@ -104,17 +111,31 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
             )
         if e.expect_regression:
             return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "detection"))
-        return verdict(Verdict.BLIND_SPOT, f"expected {'/'.join(e.detect_signals)} in time, none seen{late}")
+        return verdict(
+            Verdict.BLIND_SPOT, f"expected {'/'.join(e.detect_signals)} in time, none seen{late}{aside}"
+        )
     if missing:
-        return verdict(Verdict.NOT_RECOVERED, missing)
+        return verdict(Verdict.NOT_RECOVERED, missing + aside)
     if not e.detect_signals and slowed and hit is None:
         assert c is not None
+        if not e.expect_regression:
+            return verdict(
+                Verdict.INCONCLUSIVE,
+                f"step time {_pct(c)} between runs although no slowdown was expected: "
+                "the comparison is too noisy to trust here (calibrate the cluster's run-to-run noise)",
+            )
         return verdict(Verdict.BLIND_SPOT, f"step time {_pct(c)} and no monitoring signal at all")
     if e.expect_regression and not slowed and hit is None:
         if noisy:
             return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c))
         return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "signal"))
-    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr))
+    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr) + aside)
+
+
+def _unexpected_change(c: Comparison | None) -> str:
+    """A between-run slowdown where the fault is not expected to slow the job: stated, not judged."""
+    assert c is not None
+    return f" (step time {_pct(c)} between runs, where this fault is not expected to slow the job)"
 
 
 def _no_effect_reason(c: Comparison | None, missing: str) -> str:

@@ -480,9 +480,26 @@ def extern_step_cgroups(job_id: str, fs: Cgroupfs) -> dict[str, str] | None:
             except ChaosError:
                 continue
             inside = {h: path for h, path in cgs.items() if cgroupfs.job_path(path, job_id) is not None}
-            if inside:
+            if in_extern_step(inside, job_id):
                 return inside
     return None
+
+
+def in_extern_step(cgroups: Mapping[str, str], job_id: str) -> bool:
+    """Whether every hierarchy that holds the task inside the job holds it in the extern step.
+
+    slurmstepd moves the extern step's task into its cgroups one hierarchy at a time: for a moment
+    it can be in ``job_J/step_extern`` of cpuset and memory but still in ``job_J`` of the freezer. A
+    load started then would sit in the job's own freezer cgroup, outside the step that Slurm kills
+    and removes at the job's end; the caller asks again on its next poll."""
+    if not cgroups:
+        return False
+    for path in cgroups.values():
+        parts = [p for p in path.split("/") if p]
+        mark = f"job_{job_id}"
+        if mark not in parts or parts[parts.index(mark) + 1 : parts.index(mark) + 2] != ["step_extern"]:
+            return False
+    return True
 
 
 @dataclass

@@ -216,3 +216,22 @@ def test_a_faster_fault_run_points_at_the_baseline() -> None:
     j = judge(comparison(-0.25, True), log(DETECT))
     assert j.verdict is Verdict.NO_EFFECT
     assert "25% faster than its baseline" in j.reason
+
+
+def test_a_between_run_slowdown_is_no_sign_of_a_fault_judged_on_events() -> None:
+    """An event fault (a drain) detected in time passes even when its run was slower than the
+    baseline; one that nothing saw is a blind spot for the missing detection, not the step time."""
+    events = replace(DETECT, expect_regression=False)
+    passed = judge(SLOWED, log(events, ("node_drained", 5.0)))
+    assert passed.verdict is Verdict.PASSED
+    assert "between runs, where this fault is not expected to slow the job" in passed.reason
+    missed = judge(SLOWED, log(events))
+    assert missed.verdict is Verdict.BLIND_SPOT
+    assert missed.reason.startswith("expected alert_firing:GpuSlow/node_drained in time, none seen")
+    assert "+20.0%" in missed.reason
+
+
+def test_an_aa_control_that_slows_down_is_inconclusive_not_a_blind_spot() -> None:
+    j = judge(SLOWED, log(Expectation(expect_regression=False)))
+    assert j.verdict is Verdict.INCONCLUSIVE
+    assert "no slowdown was expected" in j.reason and "+20.0%" in j.reason

@@ -344,3 +344,36 @@ def test_noisy_load_without_a_job_cgroup_is_never_started(tmp_path: Path) -> Non
     assert load.tick(t) < t + 1  # waits for the extern step a while
     assert load.tick(t + 1000) == float("inf")  # then gives up, having started nothing
     assert started == [] and ctx.journal.read().entries == ()
+
+
+@pytest.mark.parametrize(
+    ("cgroups", "ready"),
+    [
+        # slurmstepd moved the task into cpuset and memory but not yet into the freezer: not yet.
+        (
+            {
+                "cpuset": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
+                "memory": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
+                "freezer": f"/slurm_node2/uid_0/job_{JOB}",
+            },
+            False,
+        ),
+        (
+            {
+                "cpuset": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
+                "freezer": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
+            },
+            True,
+        ),
+        ({"": f"{V2_JOB}/step_extern/user/task_special"}, True),
+        ({"": f"{V2_JOB}/step_0/user/task_0"}, False),
+        ({"": f"/system.slice/slurmstepd.scope/job_{JOB}1/step_extern"}, False),
+        ({}, False),
+    ],
+)
+def test_a_noisy_load_waits_until_every_hierarchy_holds_the_extern_step(
+    cgroups: dict[str, str], ready: bool
+) -> None:
+    from slurm_chaos.faults.node_cpu import in_extern_step
+
+    assert in_extern_step(cgroups, JOB) is ready
