@@ -89,6 +89,10 @@ class Expect:
     max_lost_steps: int | None = None
 
 
+#: How much longer than its deadlines a held fault job trains on before it ends by itself.
+HOLD_MARGIN_S = 30.0
+
+
 @dataclass(frozen=True)
 class Experiment:
     name: str
@@ -109,6 +113,18 @@ class Experiment:
     @property
     def is_control(self) -> bool:
         return self.fault.spec is None
+
+    @property
+    def hold_limit_s(self) -> float | None:
+        """How long the fault job may train on after its steps, waiting for the campaign to release
+        it once the expected detection and remediation happened; None where it waits for nothing.
+
+        The fault job must outlast what the verdict waits for (a health check's interval, an alert's
+        ``for:``, a drain and requeue) on a fast machine as on a slow one."""
+        e = self.expect
+        if self.is_control or self.mode is not Mode.TRAIN or not (e.detect or e.remediation):
+            return None
+        return max(e.detect_within_s or 0.0, e.remediate_within_s or 0.0) + HOLD_MARGIN_S
 
 
 @cache

@@ -16,7 +16,7 @@ from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
 from slurm_chaos.experiment import Experiment
 from slurm_chaos.resources import shipped
-from slurm_chaos.rundir.layout import Role
+from slurm_chaos.rundir.layout import RELEASE, Role
 from slurm_chaos.site import Site
 
 ROLES = tuple(Role)
@@ -107,6 +107,7 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
     role = Role(role)
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
+    hold = experiment.hold_limit_s if role is Role.FAULT else None
     return template.render(
         site=site,
         experiment=experiment,
@@ -120,6 +121,8 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
         steps=experiment.steps or site.probe.steps,
         nccl_env=site.nccl_env,
         fault_spec=fault_spec(site, experiment, role, run_id),
+        hold_file=None if hold is None else str(job_dir / RELEASE),
+        hold_max_s=None if hold is None else f"{hold:g}",
     )
 
 

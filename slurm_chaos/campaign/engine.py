@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,14 +30,16 @@ from types import FrameType
 
 from slurm_chaos import rundir
 from slurm_chaos.campaign import controller
+from slurm_chaos.campaign import hold as held
 from slurm_chaos.campaign.observe import Watcher
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.campaign.remediation import CHECKS, CheckInput, expected_signal
 from slurm_chaos.clock import Backoff, Clock, SystemClock
-from slurm_chaos.errors import ChaosError, SlurmError
+from slurm_chaos.errors import ChaosError, SlurmError, UsageError
 from slurm_chaos.experiment import Experiment, Mode
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
+from slurm_chaos.probe.reader import last_step
 from slurm_chaos.render import check_limits, fault_spec, render_job
 from slurm_chaos.rundir import (
     Expectation,
@@ -97,6 +99,8 @@ class Campaign:
     clock: Clock = field(default_factory=SystemClock)
     time_budget_s: float | None = None
     active: set[str] = field(default_factory=set)
+    # The last step a running job's probe has flushed (rank 0), for faults due at a step.
+    probe_step: Callable[[Path], int | None] = last_step
 
     @property
     def journal(self) -> controller.ControllerJournal:
@@ -127,9 +131,7 @@ def open_campaign(
     clock = clock or SystemClock()
     for exp in experiments:
         check_limits(site, exp)
-        spec = fault_spec(site, exp, Role.FAULT, "check")
-        if spec:
-            parse_spec(spec)
+        controller_faults(site, exp, "check")
     if resume:
         if run_dir is None:
             raise ChaosError("--resume needs the run directory")
@@ -163,10 +165,30 @@ def open_campaign(
 # ------------------------------------------------------------------ plan
 @dataclass(frozen=True)
 class TimedFault:
-    """A controller fault and how long after the job starts it is injected."""
+    """A controller fault and when it is injected: once the job's probe reached ``at_step``, or
+    ``after_s`` after the job started (a timer, which a fast job can outrun)."""
 
     after_s: float
     request: FaultRequest
+    at_step: int | None = None
+
+
+def controller_faults(site: Site, exp: Experiment, run_id: str) -> tuple[TimedFault, ...]:
+    """The experiment's controller faults in the order they fall due (its SPEC checked whole)."""
+    spec = fault_spec(site, exp, Role.FAULT, run_id)
+    timed = []
+    for r in parse_spec(spec) if spec else ():
+        if not controller.is_controller_fault(r):
+            continue
+        given = dict(r.params)
+        if "at_step" in given and "after" in given:
+            raise UsageError(f"{exp.path}: fault.spec: {r.format()}: give after or at_step, not both")
+        if "at_step" in given:
+            timed.append(TimedFault(0.0, r, int(given["at_step"])))
+        else:
+            timed.append(TimedFault(float(r.resolved().get("after", exp.fault.start_after_s)), r))
+    # Step-triggered faults come after the timed ones with no delay, in the order of their steps.
+    return tuple(sorted(timed, key=lambda t: (t.at_step is not None, t.at_step or 0, t.after_s)))
 
 
 @dataclass(frozen=True)
@@ -179,18 +201,11 @@ class Plan:
 
 def plan(camp: Campaign, exp: Experiment) -> Plan:
     """Where the experiment's files go, its job shape, and its controller faults in the order due."""
-    spec = fault_spec(camp.site, exp, Role.FAULT, camp.manifest.run_id)
-    requests = parse_spec(spec) if spec else ()
-    timed = [
-        TimedFault(float(r.resolved().get("after", exp.fault.start_after_s)), r)
-        for r in requests
-        if controller.is_controller_fault(r)
-    ]
     return Plan(
         exp,
         rundir.experiment_dir(camp.run_dir, exp.name),
         shape_of(camp.site, exp),
-        tuple(sorted(timed, key=lambda t: t.after_s)),
+        controller_faults(camp.site, exp, camp.manifest.run_id),
     )
 
 
@@ -284,6 +299,15 @@ def _limit_s(text: str) -> float:
     return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
+def _due(camp: Campaign, fault: TimedFault, job: SubmittedJob, job_dir: Path | None) -> bool:
+    if job.started is None:
+        return False
+    if fault.at_step is not None:
+        step = camp.probe_step(job_dir) if job_dir is not None else None
+        return step is not None and step >= fault.at_step
+    return camp.clock.time() - job.started >= fault.after_s
+
+
 def watch(
     camp: Campaign,
     job: SubmittedJob,
@@ -291,15 +315,19 @@ def watch(
     watcher: Watcher | None = None,
     exp: Experiment | None = None,
     faults: tuple[TimedFault, ...] = (),
+    job_dir: Path | None = None,
+    hold: Expectation | None = None,
 ) -> Watched:
-    """Poll until the job's run ends (a requeue starts another); inject each fault when it is due.
+    """Poll until the job's run ends (a requeue starts another); inject each fault when it is due,
+    and release a held job (``hold``: what it waits for) once that was seen or is overdue.
 
     Each tick asks Slurm once about the job (and the watcher once about its nodes); the wait between
     ticks grows while nothing changes, and stays short while a fault waits for the job to start
-    and when one falls due.
+    or for a step, and when one falls due.
     """
     pending = list(faults)
     injections: list[Injection] = []
+    released = hold is None or job_dir is None
     limit = _limit_s(camp.site.slurm.time_limit) + JOB_GRACE_S
     t0 = camp.clock.monotonic()
     backoff = Backoff()
@@ -310,10 +338,15 @@ def watch(
             job = _updated(job, info, camp.clock.time())
             camp.manifest.put_job(job)
             camp.progress.job(title, job.job_id, info.state.value, job.started)
-            while pending and exp is not None and job.started is not None:
-                if camp.clock.time() - job.started < pending[0].after_s:
-                    break
+            while pending and exp is not None and _due(camp, pending[0], job, job_dir):
                 injections.append(inject(camp, exp, pending.pop(0), job))
+            if not released and not pending and job.started is not None:
+                assert hold is not None and job_dir is not None
+                start = injections[0].at if faults else job.started
+                observed = tuple(watcher.observations) if watcher else ()
+                if held.release_due(hold, start, observed, camp.clock.time()):
+                    log.info("%s: released job %s (%s)", title, job.job_id, held.release(job_dir))
+                    released = True
             if info.state.is_terminal and info.state != JobState.REQUEUED:
                 camp.active.discard(job.job_id)
                 camp.save()
@@ -333,11 +366,11 @@ def watch(
         if camp.clock.monotonic() - t0 > limit:
             camp.scheduler.cancel([job.job_id])
             raise ChaosError(f"job {job.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
-        if pending and job.started is None:
-            # A fault falls due so long after the job starts: see the start as soon as it happens.
+        if pending and (job.started is None or pending[0].at_step is not None):
+            # A fault falls due so long after the job starts, or at a step: see either soon.
             backoff.reset()
         wait = backoff.interval()
-        if pending and job.started is not None:
+        if pending and job.started is not None and pending[0].at_step is None:
             wait = min(wait, max(0.0, job.started + pending[0].after_s - camp.clock.time()))
         camp.clock.sleep(wait)
 
@@ -453,10 +486,12 @@ def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
     _baseline(camp, p)
     t_base = clock.monotonic()
     with rolled_back(camp, exp.name):
-        job = submit(camp, exp, Role.FAULT, exp.name, p.exp_dir / "fault")
+        fault_dir = p.exp_dir / Role.FAULT
+        job = submit(camp, exp, Role.FAULT, exp.name, fault_dir)
         t_submitted = clock.monotonic()
         watcher = Watcher(camp.scheduler, job.job_id, camp.site.monitoring.alertmanager, clock)
-        watched = watch(camp, job, exp.name, watcher, exp, p.faults)
+        hold = _expectation(exp) if exp.hold_limit_s is not None else None
+        watched = watch(camp, job, exp.name, watcher, exp, p.faults, fault_dir, hold)
     settle(camp, list(watched.nodes_seen))
     t_ran = clock.monotonic()
     observations = collect(camp, p, watched)

@@ -100,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--flush-every", type=_positive_int, default=50, help="flush the HDF5 file every N steps ..."
     )
     p.add_argument("--flush-interval", type=_positive_float, default=1.0, help="... or every S seconds")
+    p.add_argument(
+        "--hold-file",
+        type=Path,
+        help="train: after --steps, keep training until this file exists (the campaign's release)",
+    )
+    p.add_argument(
+        "--hold-max-s",
+        type=_positive_float,
+        default=300.0,
+        help="... or until the hold has lasted this long (the job then ends by itself)",
+    )
     return p
 
 
@@ -108,6 +119,8 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
     a = build_parser().parse_args(argv)
     if a.max_bytes is not None and a.max_bytes < a.min_bytes:
         raise UsageError(f"--max-bytes {a.max_bytes} is smaller than --min-bytes {a.min_bytes}")
+    if a.hold_file is not None and a.mode != "train":
+        raise UsageError("--hold-file: only mode train holds (allreduce runs a fixed sweep)")
     return ProbeConfig(
         steps=a.steps,
         out=a.out,
@@ -130,6 +143,8 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
         telemetry_interval=a.telemetry_interval,
         flush_every=a.flush_every,
         flush_interval=a.flush_interval,
+        hold_file=a.hold_file,
+        hold_max_s=a.hold_max_s,
     )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS
+from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
 
 FloatArray = npt.NDArray[np.float64]
 _RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
@@ -194,3 +194,18 @@ def read_run(directory: Path) -> RunData:
         missing = sorted(set(range(n)) - set(have))
         raise DataError(f"{directory}: world_size is {n} but rank files {missing} are missing")
     return RunData(directory=directory, ranks=ranks)
+
+
+def last_step(directory: Path, rank: int = 0) -> int | None:
+    """The last training step `rank` has flushed to its file in `directory`, read while the probe
+    runs (SWMR); None before its first flush or while the file cannot be read (being created)."""
+    import h5py
+
+    try:
+        with open_probe_file(directory / rank_file_name(rank)) as f:
+            steps = f.get("steps/step")
+            if not isinstance(steps, h5py.Dataset) or steps.shape[0] == 0:
+                return None
+            return int(steps[steps.shape[0] - 1])
+    except (OSError, KeyError, ValueError):
+        return None

@@ -8,7 +8,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +65,10 @@ class ProbeConfig:
     telemetry_interval: float = 1.0
     flush_every: int = 50
     flush_interval: float = 1.0
+    # Train: after its steps, keep training until this file exists (the campaign releases the job
+    # once what it waits for happened) or hold_max_s passed; None: end after the steps.
+    hold_file: Path | None = None
+    hold_max_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -363,7 +367,7 @@ def _run_train(
         cfg.mode,
         rv.rank,
         len(times),
-        cfg.steps - 1,
+        start + len(times) - 1,
         statistics.median(times) if times else float("nan"),
         rv.world_size,
         backend,
@@ -433,13 +437,14 @@ def train_loop(
 ) -> list[float]:
     times: list[float] = []
     t_run = time.perf_counter()
-    for step in range(start, cfg.steps):
+
+    def one_step(step: int, last: bool) -> None:
         stop_requested()
         t_start = time.time()
         t0 = time.perf_counter()
         st = trainer.step(step)
         ckpt_time = 0.0
-        if checkpointer is not None and (step + 1) % cfg.ckpt_every == 0 and step + 1 < cfg.steps:
+        if checkpointer is not None and (step + 1) % cfg.ckpt_every == 0 and not last:
             t1 = time.perf_counter()
             checkpointer.start(step + 1, lambda: ckpt.cpu_copy(trainer.state()))
             ckpt_time = time.perf_counter() - t1
@@ -457,7 +462,48 @@ def train_loop(
         _drain_sampler(sampler, writer)
         if rv.rank == 0 and cfg.progress_every > 0 and (step + 1) % cfg.progress_every == 0:
             _progress(step, cfg.steps, times[-cfg.progress_every :], st, time.perf_counter() - t_run)
+
+    held = cfg.hold_file is not None
+    for step in range(start, cfg.steps):
+        one_step(step, last=step + 1 == cfg.steps and not held)
+    if held:
+        hold(cfg, rv, writer, max(start, cfg.steps), one_step)
     return times
+
+
+def hold(
+    cfg: ProbeConfig, rv: Rendezvous, writer: RankWriter, first: int, one_step: Callable[[int, bool], None]
+) -> int:
+    """Go on training, step after step, until the campaign releases the job or the hold's limit.
+
+    A fault job must outlast what it waits for (a health check's interval, an alert's ``for:``, a
+    drain and requeue), whatever the machine's speed: a job that simply ends after its steps is
+    judged by how fast the machine happened to be. The ranks agree each step (a one-integer
+    all-reduce, MAX: the first rank to see the release, or to reach the limit, ends the hold for
+    all), so they stop at the same step. Returns the first step not run.
+    """
+    assert cfg.hold_file is not None
+    begin = time.monotonic()
+    writer.event("hold_started", f"step={first} until={cfg.hold_file} max_s={cfg.hold_max_s:g}")
+    _say(rv.rank, f"holding after step {first}: training on until {cfg.hold_file} exists")
+    step = first
+    while True:
+        released = cfg.hold_file.exists()
+        over = time.monotonic() - begin >= cfg.hold_max_s
+        if _allreduce_int(int(released or over), _max_op()):
+            break
+        one_step(step, False)
+        step += 1
+    why = "released" if cfg.hold_file.exists() else f"limit of {cfg.hold_max_s:g} s reached"
+    writer.event("hold_ended", f"step={step} held_s={time.monotonic() - begin:.3f} {why}")
+    _say(rv.rank, f"hold ended after step {step - 1}: {why}")
+    return step
+
+
+def _max_op() -> Any:
+    import torch.distributed as dist
+
+    return dist.ReduceOp.MAX
 
 
 def _progress(step: int, total: int, recent: list[float], st: Any, elapsed: float) -> None:

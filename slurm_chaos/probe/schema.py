@@ -70,6 +70,8 @@ EVENT_KINDS = (
     "gpu_throttle",
     "numa_mismatch",
     "telemetry_unavailable",
+    "hold_started",
+    "hold_ended",
 )
 
 TELEMETRY_FIELDS = (

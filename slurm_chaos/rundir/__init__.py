@@ -9,6 +9,7 @@ Layout (file -> the module here that reads and writes it)::
     RUN_DIR/experiments/<name>/{baseline,fault}.sbatch
     RUN_DIR/experiments/<name>/{baseline -> ../../baselines/<shape>, fault}/
     RUN_DIR/experiments/<name>/observations.json  observations.py  what monitoring and Slurm did
+    RUN_DIR/experiments/<name>/fault/release    layout.RELEASE   the campaign ends a held fault job
     RUN_DIR/aa/run-<i>/                         the A/A runs of a calibration
 
 The campaign writes these files and the analysis reads them, both through this package only.
@@ -21,6 +22,7 @@ from slurm_chaos.rundir.layout import (
     CONTROLLER_JOURNAL,
     MANIFEST,
     OBSERVATIONS,
+    RELEASE,
     Role,
     aa_dir,
     baseline_dir,
@@ -44,6 +46,7 @@ __all__ = [
     "CONTROLLER_JOURNAL",
     "MANIFEST",
     "OBSERVATIONS",
+    "RELEASE",
     "Expectation",
     "FaultWindow",
     "Manifest",

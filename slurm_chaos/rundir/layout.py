@@ -9,6 +9,8 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 OBSERVATIONS = "observations.json"
 CONTROLLER_JOURNAL = "controller-journal.jsonl"
+#: In a held fault job's directory: the campaign creates it to let the probe end (its hold).
+RELEASE = "release"
 
 
 class Role(StrEnum):

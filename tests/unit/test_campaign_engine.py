@@ -15,7 +15,7 @@ from slurm_chaos.campaign.commands import Connection, Options, start
 from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, run_experiment
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.clock import FakeClock
-from slurm_chaos.errors import ChaosError
+from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.experiment import load_experiment
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.placement import NodeRank
@@ -59,11 +59,27 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+STEPS_PER_S = 20.0
+
+
+class FakeProbe:
+    """A job's probe as the engine reads its progress: STEPS_PER_S steps a second of the fake clock,
+    from the first time the engine asks about its directory (the job is running by then)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.first: dict[Path, float] = {}
+
+    def __call__(self, job_dir: Path) -> int | None:
+        t0 = self.first.setdefault(job_dir, self.clock.time())
+        return int((self.clock.time() - t0) * STEPS_PER_S)
+
+
 def campaign(
     site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, *names: str, **kw: object
 ) -> Campaign:
     exps = [load_experiment(n) for n in names]
-    return open_campaign(
+    camp = open_campaign(
         site,
         exps,
         tmp_path / "run",
@@ -75,6 +91,8 @@ def campaign(
         clock=clock,
         **kw,  # type: ignore[arg-type]
     )
+    camp.probe_step = FakeProbe(clock)
+    return camp
 
 
 def observations(camp: Campaign, name: str) -> rundir.ObservationLog:
@@ -99,8 +117,9 @@ def test_drain_is_injected_when_due_requeued_and_rolled_back(
     job = camp.manifest.job("node-drain-requeue", "fault")
     assert job is not None and job.state == JobState.COMPLETED and job.started is not None
     log = observations(camp, "node-drain-requeue")
-    # The fault window starts at the injection: 6 s into the job, not at its start.
-    assert job.started + 6 <= log.fault_window.start < job.started + 6 + 2.0
+    # The fault window starts at the injection: when the probe reached step 60 (3 s into the job
+    # here), not at the job's start; the engine looks at the probe every 0.5 s meanwhile.
+    assert job.started + 3 <= log.fault_window.start <= job.started + 3 + 0.5
     assert not log.crashed
     assert log.expectation.remediation == ("requeue", "resume")
     assert camp.manifest.completed == camp.manifest.experiments == ["node-drain-requeue"]
@@ -413,14 +432,130 @@ def test_a_fault_waiting_for_the_start_keeps_polling_fast(
 ) -> None:
     fake.lifecycle = lambda sub: [*[JobInfo("", "job", JobState.PENDING)] * 10, *simple(sub)]
     camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
-    p = engine.plan(camp, camp.experiments[0])
-    job = engine.submit(
-        camp, camp.experiments[0], rundir.Role.FAULT, "node-drain-requeue", p.exp_dir / "fault"
-    )
+    exp = camp.experiments[0]
+    exp = replace(exp, fault=replace(exp.fault, spec="node-drain:after=6s,node=1"))  # a timer
+    p = engine.plan(camp, exp)
+    job = engine.submit(camp, exp, rundir.Role.FAULT, "node-drain-requeue", p.exp_dir / "fault")
     clock.sleeps.clear()
-    watched = engine.watch(camp, job, "node-drain-requeue", None, camp.experiments[0], p.faults)
+    watched = engine.watch(camp, job, "node-drain-requeue", None, exp, p.faults)
     assert clock.sleeps[:11] == [0.5] * 11  # pending: the start is seen within half a second
     (injection,) = watched.injections
     assert watched.job.started is not None
     assert injection.at - watched.job.started == pytest.approx(6.0)  # exactly when due
     assert injection.nodes == ("n02",) and injection.requeued
+
+
+def test_a_fault_due_at_a_step_waits_for_the_probe_however_long_the_job_takes(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    """node-drain:at_step=60 fires once the probe has flushed step 60, never before: a slow start
+    (here 5 s of rendezvous with no step) delays it, where a timer would have fired regardless."""
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    first: dict[Path, float] = {}
+
+    def slow_start(job_dir: Path) -> int | None:
+        ran = clock.time() - first.setdefault(job_dir, clock.time()) - 5.0
+        return None if ran < 0 else int(ran * STEPS_PER_S)
+
+    camp.probe_step = slow_start
+    exp = camp.experiments[0]
+    p = engine.plan(camp, exp)
+    (fault,) = p.faults
+    assert (fault.at_step, fault.after_s) == (60, 0.0)
+    job = engine.submit(camp, exp, rundir.Role.FAULT, exp.name, p.exp_dir / "fault")
+    clock.sleeps.clear()
+    watched = engine.watch(camp, job, exp.name, None, exp, p.faults, p.exp_dir / "fault")
+    (injection,) = watched.injections
+    assert watched.job.started is not None
+    # 5 s without a step, then 60 steps at 20 a second: 8 s into the job (polled every 0.5 s).
+    assert 8.0 <= injection.at - watched.job.started <= 8.5
+    assert set(clock.sleeps[: int(8 / 0.5)]) == {0.5}  # a step is waited for at the shortest poll
+
+
+def test_a_spec_with_both_a_delay_and_a_step_is_refused(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    exp = load_experiment("node-drain-requeue")
+    exp = replace(exp, fault=replace(exp.fault, spec="node-drain:after=6s,at_step=60,node=1"))
+    with pytest.raises(UsageError, match="give after or at_step, not both"):
+        open_campaign(
+            site,
+            [exp],
+            tmp_path / "run",
+            resume=False,
+            scheduler=fake,
+            control=controller.SlurmNodeControl(fake),
+            kind="campaign",
+            progress=Progress(quiet=True),
+            clock=clock,
+        )
+    assert fake.submissions == [] and not (tmp_path / "run").exists()
+
+
+def requeued_after_drain(sub: Submission) -> list[JobInfo]:
+    """A fault job that keeps running (held) until it is requeued off its drained node."""
+    if sub.script is None or "fault" not in sub.script.name:
+        return simple(sub)
+    return [
+        JobInfo("", "job", JobState.PENDING),
+        *running(30),
+        JobInfo("", "job", JobState.REQUEUED, nodes=NODES, restarts=1),
+        JobInfo("", "job", JobState.PENDING, restarts=1),
+        *running(30, ("n03", "n04"), restarts=1),
+        JobInfo("", "job", JobState.COMPLETED, nodes=("n03", "n04"), restarts=1),
+    ]
+
+
+def test_a_held_fault_job_is_released_once_what_it_waits_for_was_seen(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    """The fault job trains on after its steps; the engine releases it once the requeue it waits
+    for (detection and remediation) was seen, not before, and the baseline never holds."""
+    fake.lifecycle = requeued_after_drain
+    camp = campaign(site, fake, clock, tmp_path, "node-drain-requeue")
+    exp = camp.experiments[0]
+    release = rundir.experiment_dir(camp.run_dir, exp.name) / "fault" / rundir.RELEASE
+    seen_at: list[float] = []
+    real_poll = fake.poll
+
+    def poll(ids: Sequence[str]) -> dict[str, JobInfo]:
+        out = real_poll(ids)
+        if release.exists() and not seen_at:
+            seen_at.append(clock.time())
+        return out
+
+    fake.poll = poll  # type: ignore[method-assign]
+    run_experiment(camp, exp)
+    script = (release.parent.parent / "fault.sbatch").read_text()
+    assert f"--hold-file {release}" in script and "--hold-max-s 150" in script
+    assert "--hold" not in next((camp.run_dir / "baselines").glob("*.sbatch")).read_text()
+    log = observations(camp, exp.name)
+    (requeued,) = [o for o in log.observations if o.signal == "job_requeued"]
+    assert release.exists() and seen_at and seen_at[0] >= requeued.time
+
+
+def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    from slurm_chaos.campaign.hold import GRACE_S, release_due
+    from slurm_chaos.rundir import Expectation, Observation
+
+    e = Expectation(
+        expect_regression=False,
+        detect_signals=("alert_firing:ChaosCheckpointFailing", "healthcheck_drain"),
+        detect_within_s=90.0,
+        remediation=("drain", "resume", "avoided_slow_node"),
+        remediate_within_s=120.0,
+    )
+    t0 = 1000.0
+    assert not release_due(e, None, (), t0 + 1e6)  # the fault has not begun
+    assert not release_due(e, t0, (), t0 + 90 + GRACE_S - 1)
+    drained = Observation("healthcheck_drain", t0 + 10, "node1")
+    # The drain is both the detection and the remediation; resume and placement are not waited for.
+    assert release_due(e, t0, (drained,), t0 + 11)
+    # A signal from before the fault does not count.
+    assert not release_due(e, t0, (Observation("healthcheck_drain", t0 - 1, ""),), t0 + 11)
+    # Nothing seen: released once the longest deadline (remediation, 120 s) plus the grace passed.
+    alert = Observation("alert_firing:ChaosCheckpointFailing", t0 + 20, "")
+    assert not release_due(e, t0, (alert,), t0 + 100)
+    assert release_due(e, t0, (alert,), t0 + 120 + GRACE_S)

@@ -312,3 +312,47 @@ def test_an_earlier_attempt_resuming_late_leaves_the_requeued_runs_files_alone(t
     assert all("belongs to restart 1 of job 4242" in r.stderr for r in late)
     assert {p.name: p.read_bytes() for p in out.glob("rank-*.h5")} == before
     assert [len(rk.step) for rk in read_run(out).ranks] == [12, 12]
+
+
+def test_a_held_job_trains_on_until_released_then_ends_completed(tmp_path: Path) -> None:
+    """After its steps the job keeps training (the fault stays on) until the campaign's release
+    file appears; every rank stops at the same step, and the run ends as a normal one."""
+    out, release = tmp_path / "out", tmp_path / "release"
+    args = ["--steps", "20", "--out", str(out), "--hold-file", str(release), "--flush-interval", "0.2"]
+    procs = start_ranks(2, [*args, *QUIET])
+    _wait_for_steps(out / "rank-0.h5", 60)  # 40 steps past --steps: holding, not ended
+    assert all(p.poll() is None for p in procs)
+    release.touch()
+    results = wait_ranks(procs, timeout=60)
+    _ok(results)
+    run = read_run(out)
+    lengths = {len(rk.step) for rk in run.ranks}
+    assert len(lengths) == 1 and lengths.pop() >= 60  # the same steps on every rank
+    for rk in run.ranks:
+        assert rk.step.tolist() == list(range(len(rk.step)))
+        assert rk.attrs["exit_reason"] == "done" and rk.attrs["steps_completed"] == len(rk.step)
+        kinds = [e.kind for e in rk.events]
+        assert kinds.count("hold_started") == 1 and kinds.count("hold_ended") == 1
+        (ended,) = [e for e in rk.events if e.kind == "hold_ended"]
+        assert "released" in ended.detail
+    assert _summary(results[0].stdout)["last_step"] == len(run.ranks[0].step) - 1
+
+
+def test_a_hold_nobody_releases_ends_at_its_limit(tmp_path: Path) -> None:
+    """A campaign that died never releases its job: the job ends by itself at the hold's limit."""
+    out = tmp_path / "out"
+    args = ["--steps", "10", "--out", str(out), "--hold-file", str(tmp_path / "never"), "--hold-max-s", "1"]
+    results = run_local(2, [*args, *QUIET], timeout=120)
+    _ok(results)
+    for rk in read_run(out).ranks:
+        (ended,) = [e for e in rk.events if e.kind == "hold_ended"]
+        assert "limit of 1 s reached" in ended.detail
+        assert len(rk.step) >= 10
+
+
+def test_hold_is_for_training_only() -> None:
+    from slurm_chaos.errors import UsageError
+    from slurm_chaos.probe.cli import parse
+
+    with pytest.raises(UsageError, match="--hold-file"):
+        parse(["--steps", "5", "--out", "/tmp/x", "--mode", "allreduce", "--hold-file", "/tmp/r"])

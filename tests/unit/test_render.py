@@ -36,10 +36,23 @@ def test_fault_script_carries_the_chaos_option_and_baseline_does_not() -> None:
     base = render_job(site, exp, "baseline", Path("/r"), "r1")
     assert "#SBATCH --chaos=numa-mismatch\n" in fault
     assert "--chaos" not in base
-    # Apart from the fault's lines, the two jobs are the same job.
+    # Apart from the fault's lines and its hold (it trains on until the campaign has seen the
+    # expected detection), the two jobs are the same job.
+    assert "  --hold-file /r/release \\\n  --hold-max-s 150\n" in fault and "--hold" not in base
+    fault = fault.replace(" \\\n  --hold-file /r/release \\\n  --hold-max-s 150", "")
     strip = [ln for ln in fault.splitlines() if "chaos=" not in ln and "SLURM_CHAOS_FAULT" not in ln]
     strip = [ln.replace("fault", "baseline") for ln in strip if "applies the fault" not in ln]
     assert [ln for ln in strip if ln] == [ln for ln in base.splitlines() if ln]
+
+
+def test_only_a_fault_job_that_waits_for_something_holds() -> None:
+    """A control, or an experiment that expects no detection and no remediation, ends after its
+    steps; one that waits for a detection holds at most its deadlines plus a margin."""
+    site = load_site(DATA / "sites" / "golden.yaml")
+    assert "--hold" not in render_job(site, load_experiment("control-aa"), "fault", Path("/r"), "r1")
+    drain = load_experiment("node-drain-requeue")
+    assert drain.hold_limit_s == 120 + 30  # remediate_within_s + margin
+    assert "--hold-max-s 150" in render_job(site, drain, "fault", Path("/r"), "r1")
 
 
 def test_rendered_scripts_are_valid_bash(tmp_path: Path) -> None:

@@ -1,0 +1,59 @@
+"""When a held fault job may end: the expected detection and remediation seen, or their deadlines past.
+
+A fault job that simply ran its steps and ended would be judged by the machine's speed: on a fast
+machine it is over before a health check's next interval or an alert's ``for:``, and a drain
+timed after its start finds no job left to drain. So a fault job whose experiment waits for
+something trains on after its steps (the probe's hold) until the campaign releases it, here: once
+every signal the verdict will look for has been seen since the fault began, or the deadline the
+experiment gives for it has passed (plus a grace, so that a late signal is seen and called late).
+
+Only what the watcher sees while the job runs can end a hold: detection signals, drains and
+requeues. A resume from checkpoint happens in the requeued run itself, and the placement checks
+run after the job; the hold does not wait for those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_chaos.analysis.verdict import REMEDIATION_SIGNALS, signal_matches
+from slurm_chaos.rundir import RELEASE, Expectation, Observation
+
+#: A signal that comes this long after its deadline is still seen (and judged late) before release.
+GRACE_S = 5.0
+#: Remediation steps the watcher sees while the job runs.
+WATCHED_REMEDIATION = ("drain", "requeue")
+
+
+def waits(e: Expectation) -> list[tuple[tuple[str, ...], float | None]]:
+    """(signals any one of which settles it, deadline after the fault's start) for each wait."""
+    out: list[tuple[tuple[str, ...], float | None]] = []
+    if e.detect_signals:
+        out.append((e.detect_signals, e.detect_within_s))
+    for step in e.remediation:
+        if step in WATCHED_REMEDIATION:
+            out.append((REMEDIATION_SIGNALS[step], e.remediate_within_s or e.detect_within_s))
+    return out
+
+
+def release_due(
+    e: Expectation, fault_start: float | None, observations: Sequence[Observation], now: float
+) -> bool:
+    """Whether a held fault job may end now (see the module docstring)."""
+    if fault_start is None:  # the fault has not begun: nothing can have been seen yet
+        return False
+    for wanted, deadline in waits(e):
+        seen = any(
+            o.time >= fault_start and any(signal_matches(o.signal, w) for w in wanted) for o in observations
+        )
+        if not seen and (deadline is None or now < fault_start + deadline + GRACE_S):
+            return False
+    return True
+
+
+def release(job_dir: Path) -> Path:
+    """Let the held probe end (it looks for this file at each step)."""
+    path = job_dir / RELEASE
+    path.touch()
+    return path
