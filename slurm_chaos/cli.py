@@ -1,7 +1,8 @@
 """The `slurm-chaos` command line: parses options, calls the package, maps errors to exit codes.
 
-Exit codes: 0 success (every verdict PASSED), 1 a failure or a verdict other than PASSED,
-2 bad input (options, config, data), 130 interrupted.
+Exit codes: 0 success (every verdict PASSED), 1 findings (a verdict other than PASSED, an audit
+that found problems), 2 bad input (options, config, data), 3 the tool failed (Slurm unreachable,
+a job that could not be submitted), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ detectors, allowed users, the probe's Python) is written as "TODO: ..." values: 
 that reads the file refuses it, naming each TODO key, until they are filled in.
 
 Slurm is the one SLURM_CONF points at (or Slurm's default).
-Exit codes: 0 written, 1 Slurm failed or did not answer, 2 bad option (--out exists, unknown
-reservation).
+Exit codes: 0 written, 2 bad option (--out exists, unknown reservation), 3 Slurm failed or did
+not answer.
 
 example:
   slurm-chaos site init --reservation maint_window --out site.yaml

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,16 @@ import yaml
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "slurm_chaos", *args], capture_output=True, text=True, timeout=60, cwd=cwd
+        [sys.executable, "-m", "slurm_chaos", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
     )
 
 
@@ -70,6 +78,14 @@ def test_bad_option_exits_2() -> None:
     res = _cli("campaign", "--site")
     assert res.returncode == 2
     assert "--site" in res.stderr
+
+
+def test_slurm_failure_exits_3_not_as_a_finding(tmp_path: Path) -> None:
+    # No Slurm client tools on PATH: the tool cannot do its work, which is neither a finding nor bad input.
+    env = {**os.environ, "PATH": str(tmp_path)}
+    res = _cli("site", "init", env=env)
+    assert res.returncode == 3, res.stderr
+    assert "sinfo: command not found" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_dry_run_prints_the_plan_and_submits_nothing(tmp_path: Path) -> None:
