@@ -25,6 +25,11 @@ log = logging.getLogger("slurm_chaos")
 Handler = Callable[[argparse.Namespace], int]
 
 SITE_HELP = "site config YAML, or the name of a shipped one (sandbox, h100-ib-example)"
+FORMAT_HELP = "text for people, json for programs: one JSON document on stdout (default: text)"
+
+
+def _add_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", default="text", choices=["text", "json"], help=FORMAT_HELP)
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:
@@ -191,27 +196,37 @@ def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.set_defaults(handler=_site_check)
 
 
-def _experiments(args: argparse.Namespace) -> int:
-    from slurm_chaos.experiment import available, load_experiment_file
+def _print_json(doc: object) -> None:
+    print(json.dumps(doc, indent=2))
 
-    for name, path in sorted(available(tuple(args.experiments_dir)).items()):
-        exp = load_experiment_file(path)
-        print(f"{name:<24} {exp.strategy:<12} {exp.fault.spec or '(no fault)'}")
+
+def _experiments(args: argparse.Namespace) -> int:
+    from slurm_chaos.experiment import experiment_json, format_library, library
+
+    experiments = library(tuple(args.experiments_dir))
+    if args.format == "json":
+        _print_json({"experiments": [experiment_json(e) for e in experiments.values()]})
+    elif experiments:
+        print(format_library(experiments))
     return 0
 
 
 def _run_status(args: argparse.Namespace) -> int:
     from slurm_chaos.status import run_status
 
-    text, code = run_status(Path(args.run_dir), live=not args.offline)
+    text, code = run_status(Path(args.run_dir), live=not args.offline, fmt=args.format)
     print(text)
     return code
 
 
 def _faults(args: argparse.Namespace) -> int:
+    from slurm_chaos.fault_listing import catalogue_json
     from slurm_chaos.faults.catalogue import describe_faults
 
-    print(describe_faults())
+    if args.format == "json":
+        _print_json(catalogue_json())
+    else:
+        print(describe_faults())
     return 0
 
 
@@ -276,15 +291,21 @@ def _campaign_options(args: argparse.Namespace) -> object:
         experiments_dirs=tuple(args.experiments_dir),
         quiet=args.quiet,
         calibration=Path(args.calibration) if args.calibration else None,
+        plan_format=args.format,
     )
 
 
 def _launch(args: argparse.Namespace, experiment: str | None, suite: str | None, kind: str) -> int:
     from slurm_chaos.campaign.commands import Options, execute, start
+    from slurm_chaos.errors import UsageError
     from slurm_chaos.experiment import load_experiment
 
     opts = _campaign_options(args)
     assert isinstance(opts, Options)
+    if opts.plan_format == "json" and not opts.dry_run:
+        raise UsageError(
+            "--format json prints the plan: it needs --dry-run (reports: slurm-chaos report --format json)"
+        )
     exps = [load_experiment(experiment, opts.experiments_dirs)] if experiment else None
     prepared = start(opts, exps, suite, kind)
     if isinstance(prepared, str):
@@ -351,7 +372,15 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _rank_nodes(args: argparse.Namespace) -> int:
     from slurm_chaos.errors import UsageError
-    from slurm_chaos.placement import apply_settings, format_ranking, probe_dirs, proposals, rank_nodes
+    from slurm_chaos.placement import (
+        NodeSetting,
+        apply_settings,
+        format_ranking,
+        probe_dirs,
+        proposals,
+        rank_nodes,
+        ranking_json,
+    )
     from slurm_chaos.runner import SubprocessRunner
     from slurm_chaos.site import load_site
     from slurm_chaos.slurm.backend import make_scheduler
@@ -360,16 +389,21 @@ def _rank_nodes(args: argparse.Namespace) -> int:
     if not dirs:
         raise UsageError(f"no probe output (rank-0.h5) under {', '.join(args.run_dirs)}")
     ranking = rank_nodes(dirs, threshold=args.threshold)
-    print(format_ranking(ranking))
+    if args.format == "text":
+        print(format_ranking(ranking))
+    applied: list[NodeSetting] | None = None
     if args.apply:
         if not args.site:
             raise UsageError("--apply needs --site")
         site = load_site(args.site)
         scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
-        settings = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
-        apply_settings(scheduler, settings)
-        for s in settings:
-            print("applied: " + s.describe())
+        applied = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
+        apply_settings(scheduler, applied)
+        if args.format == "text":
+            for s in applied:
+                print("applied: " + s.describe())
+    if args.format == "json":
+        _print_json(ranking_json(ranking, applied))
     return 0
 
 
@@ -392,6 +426,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             help="calibration.json of 'slurm-chaos calibrate': raise the practical threshold of "
             "every comparison to its recommended min_effect (this cluster's run-to-run noise)",
         )
+        p.set_defaults(format="text")
 
     p = sub.add_parser("run", help="run one experiment: baseline, fault job, watch, roll back, report")
     p.add_argument("experiment", metavar="EXPERIMENT", help="experiment name or YAML file")
@@ -403,6 +438,9 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
     common(p)
+    p.add_argument(
+        "--format", default="text", choices=["text", "json"], help=f"with --dry-run, the plan: {FORMAT_HELP}"
+    )
     p.set_defaults(handler=_campaign)
 
     p = sub.add_parser(
@@ -433,6 +471,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--site", type=site_config, help=f"{SITE_HELP} (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
+    _add_format(p)
     p.set_defaults(handler=_rank_nodes)
 
     p = sub.add_parser("cleanup", help="revert leftover faults (a missed epilog, a killed campaign)")
@@ -444,6 +483,7 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.set_defaults(handler=_cleanup)
 
     p = sub.add_parser("faults", help="list every fault with its keys")
+    _add_format(p)
     p.set_defaults(handler=_faults)
 
     p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
@@ -494,11 +534,13 @@ def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument(
         "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
     )
+    _add_format(p)
     p.set_defaults(handler=_experiments)
 
     p = sub.add_parser("status", help="what a run directory holds and the state of its jobs")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--offline", action="store_true", help="do not ask Slurm for the jobs' current states")
+    _add_format(p)
     p.set_defaults(handler=_run_status)
 
 
