@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import yaml
 
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
 from slurm_chaos.campaign.commands import load_suite
-from slurm_chaos.cli import main
+from slurm_chaos.cli import build_parser, main
 from slurm_chaos.experiment import available, load_experiment
 from slurm_chaos.faults.catalogue import KeyType, load_catalogue
 from slurm_chaos.placement import probe_dirs, rank_nodes
@@ -232,3 +234,31 @@ def test_rank_nodes_json_is_the_ranking(synthetic_run: Path, capsys: pytest.Capt
     slow = [n for n in doc["nodes"] if n["slow"]]
     assert slow and all(n["proposal"]["remove_features"] == [doc["fast_feature"]] for n in slow)
     assert "applied" not in doc
+
+
+# --- --help: what it does, its exit codes, an example ------------------------------------------
+
+
+def _subcommands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield " ".join((*path, name)), sub
+                yield from _subcommands(sub, (*path, name))
+
+
+def test_every_subcommand_help_has_description_exit_codes_and_example() -> None:
+    commands = dict(_subcommands(build_parser()))
+    for nested in ("sandbox up", "sandbox env", "plugin install", "plugin check", "site init", "site check"):
+        assert nested in commands
+    assert len(commands) >= 20
+    for name, parser in commands.items():
+        assert parser.description and parser.description.strip(), name
+        lines = parser.format_help().splitlines()
+        assert any(line.startswith("exit codes: ") for line in lines), name
+        example = lines.index("example:") if "example:" in lines else -1
+        assert example > 0 and lines[example + 1].strip().startswith(
+            ("slurm-chaos", "sudo slurm-chaos", "eval")
+        ), name
