@@ -1,7 +1,8 @@
 """The `slurm-chaos` command line: parses options, calls the package, maps errors to exit codes.
 
-Exit codes: 0 success (every verdict PASSED), 1 a failure or a verdict other than PASSED,
-2 bad input (options, config, data), 130 interrupted.
+Exit codes: 0 success (every verdict PASSED), 1 findings (a verdict other than PASSED, an audit
+that found problems), 2 bad input (options, config, data), 3 the tool failed (Slurm unreachable,
+a job that could not be submitted), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import json
 import logging
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import ChaosError
@@ -24,6 +27,27 @@ log = logging.getLogger("slurm_chaos")
 Handler = Callable[[argparse.Namespace], int]
 
 SITE_HELP = "site config YAML, or the name of a shipped one (sandbox, h100-ib-example)"
+FORMAT_HELP = "text for people, json for programs: one JSON document on stdout (default: text)"
+# A string: argparse._SubParsersAction is generic only to type checkers.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _command(
+    sub: Subparsers, name: str, help: str, description: str, exits: str, example: str
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help says what it does, its exit codes and an example command line."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog="\n".join(textwrap.wrap(f"exit codes: {exits}", 96, subsequent_indent="  "))
+        + f"\n\nexample:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _add_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", default="text", choices=["text", "json"], help=FORMAT_HELP)
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:
@@ -79,18 +103,42 @@ def _sandbox_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("sandbox", help="a real multi-node Slurm cluster on this machine (root)")
+SANDBOX_EXITS = {
+    "up": "0 every node idle, 1 a daemon or node did not come up (its log named), 2 bad option, "
+    "130 interrupted",
+    "down": "0 stopped, 1 something could not be stopped, 2 bad option",
+    "status": "0 every daemon running, 1 a daemon is not running, 2 bad option",
+    "env": "0 printed, 2 bad option (a bad --name)",
+}
+
+
+def _add_sandbox(sub: Subparsers) -> None:
+    p = _command(
+        sub,
+        "sandbox",
+        "a real multi-node Slurm cluster on this machine (root)",
+        "A real Slurm cluster on this machine: munge, MariaDB + slurmdbd, slurmctld and N slurmd nodes,\n"
+        "each in its own network namespace. Needs root; see the subcommands.",
+        "those of the subcommand; 2 no or an unknown subcommand",
+        'sudo slurm-chaos sandbox up --nodes 4 && eval "$(slurm-chaos sandbox env)"',
+    )
     ss = p.add_subparsers(dest="sandbox_cmd", required=True, metavar="{up,down,status,env}")
 
-    def named(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
-        q = ss.add_parser(name, help=help)
+    def named(
+        name: str, help: str, description: str, example: str, handler: Handler
+    ) -> argparse.ArgumentParser:
+        q = _command(ss, name, help, description, SANDBOX_EXITS[name], example)
         q.add_argument("--name", default="chaos", help="sandbox name, 1-8 of [a-z0-9-] (default: chaos)")
         q.set_defaults(handler=handler)
         return q
 
     up = named(
-        "up", "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle", _sandbox_up
+        "up",
+        "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle",
+        "Start munge, MariaDB + slurmdbd, slurmctld and N slurmd nodes, each in its own network\n"
+        "namespace, and wait until every node is idle; prints the SLURM_CONF to export.",
+        "sudo slurm-chaos sandbox up --name chaos --nodes 4",
+        _sandbox_up,
     )
     up.add_argument("--nodes", type=int, default=4, help="number of compute nodes (default: 4)")
     up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
@@ -100,13 +148,32 @@ def _add_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="without Slurm's cgroup plugins (proctrack/linuxproc, no task plugin); faults that must "
         "stay inside the job's cgroup are then refused",
     )
-    down = named("down", "stop what the sandbox started and delete its namespaces and bridge", _sandbox_down)
+    down = named(
+        "down",
+        "stop what the sandbox started and delete its namespaces and bridge",
+        "Stop every daemon the sandbox started and delete its network namespaces and bridge; its Slurm\n"
+        "state and accounting database too, unless --keep-state.",
+        "sudo slurm-chaos sandbox down --name chaos",
+        _sandbox_down,
+    )
     down.add_argument(
         "--keep-state", action="store_true", help="keep Slurm state and the accounting database"
     )
-    st = named("status", "daemons and node states", _sandbox_status)
+    st = named(
+        "status",
+        "daemons and node states",
+        "Show the sandbox's daemons (with their pids) and the state of each node.",
+        "slurm-chaos sandbox status --name chaos --json",
+        _sandbox_status,
+    )
     st.add_argument("--json", action="store_true", help="machine-readable output")
-    named("env", "print the environment for Slurm commands (export SLURM_CONF=...)", _sandbox_env)
+    named(
+        "env",
+        "print the environment for Slurm commands (export SLURM_CONF=...)",
+        "Print the environment Slurm's commands need to talk to this sandbox, as shell export lines.",
+        'eval "$(slurm-chaos sandbox env --name chaos)" && sinfo',
+        _sandbox_env,
+    )
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -159,23 +226,28 @@ detectors, allowed users, the probe's Python) is written as "TODO: ..." values: 
 that reads the file refuses it, naming each TODO key, until they are filled in.
 
 Slurm is the one SLURM_CONF points at (or Slurm's default).
-Exit codes: 0 written, 1 Slurm failed or did not answer, 2 bad option (--out exists, unknown
-reservation).
-
-example:
-  slurm-chaos site init --reservation maint_window --out site.yaml
-  $EDITOR site.yaml && slurm-chaos site check site.yaml
 """
 
 
-def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("site", help="onboard a cluster: write a site config from Slurm, check one")
+def _add_site(sub: Subparsers) -> None:
+    p = _command(
+        sub,
+        "site",
+        "onboard a cluster: write a site config from Slurm, check one",
+        "Onboard a cluster: write a draft site config from what Slurm reports (init), then validate\n"
+        "it once its TODO entries are filled in (check).",
+        "those of the subcommand; 2 no or an unknown subcommand",
+        "slurm-chaos site init --out site.yaml && slurm-chaos site check site.yaml",
+    )
     ss = p.add_subparsers(dest="site_cmd", required=True, metavar="{init,check}")
-    q = ss.add_parser(
+    q = _command(
+        ss,
         "init",
-        help="write a site config from what Slurm reports; unknowns become TODO entries",
-        description=SITE_INIT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write a site config from what Slurm reports; unknowns become TODO entries",
+        SITE_INIT_HELP,
+        "0 written, 2 bad option (--out exists, unknown reservation), 3 Slurm failed or did not answer",
+        "slurm-chaos site init --reservation maint_window --out site.yaml\n"
+        "  $EDITOR site.yaml && slurm-chaos site check site.yaml",
     )
     q.add_argument("--out", metavar="FILE", help="write here instead of to stdout")
     q.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -183,34 +255,50 @@ def _add_site(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--reservation", metavar="NAME", help="the maintenance reservation (default: the only one there is)"
     )
     q.set_defaults(handler=_site_init)
-    q = ss.add_parser(
-        "check", help="validate a site config (TODO entries left included); exit 2 names the key"
+    q = _command(
+        ss,
+        "check",
+        "validate a site config (TODO entries left included); exit 2 names the key",
+        "Validate a site config as every command that reads it does; a TODO entry left or a bad\n"
+        "value is named by file and key.",
+        "0 complete, 2 invalid (the message names the file and key)",
+        "slurm-chaos site check site.yaml",
     )
     q.add_argument("site", metavar="SITE", type=site_config, help=SITE_HELP)
     q.set_defaults(handler=_site_check)
 
 
-def _experiments(args: argparse.Namespace) -> int:
-    from slurm_chaos.experiment import available, load_experiment_file
+def _print_json(doc: object) -> None:
+    print(json.dumps(doc, indent=2))
 
-    for name, path in sorted(available(tuple(args.experiments_dir)).items()):
-        exp = load_experiment_file(path)
-        print(f"{name:<24} {exp.strategy:<12} {exp.fault.spec or '(no fault)'}")
+
+def _experiments(args: argparse.Namespace) -> int:
+    from slurm_chaos.experiment import experiment_json, format_library, library
+
+    experiments = library(tuple(args.experiments_dir))
+    if args.format == "json":
+        _print_json({"experiments": [experiment_json(e) for e in experiments.values()]})
+    elif experiments:
+        print(format_library(experiments))
     return 0
 
 
 def _run_status(args: argparse.Namespace) -> int:
     from slurm_chaos.status import run_status
 
-    text, code = run_status(Path(args.run_dir), live=not args.offline)
+    text, code = run_status(Path(args.run_dir), live=not args.offline, fmt=args.format)
     print(text)
     return code
 
 
 def _faults(args: argparse.Namespace) -> int:
+    from slurm_chaos.fault_listing import catalogue_json
     from slurm_chaos.faults.catalogue import describe_faults
 
-    print(describe_faults())
+    if args.format == "json":
+        _print_json(catalogue_json())
+    else:
+        print(describe_faults())
     return 0
 
 
@@ -275,15 +363,21 @@ def _campaign_options(args: argparse.Namespace) -> object:
         experiments_dirs=tuple(args.experiments_dir),
         quiet=args.quiet,
         calibration=Path(args.calibration) if args.calibration else None,
+        plan_format=args.format,
     )
 
 
 def _launch(args: argparse.Namespace, experiment: str | None, suite: str | None, kind: str) -> int:
     from slurm_chaos.campaign.commands import Options, execute, start
+    from slurm_chaos.errors import UsageError
     from slurm_chaos.experiment import load_experiment
 
     opts = _campaign_options(args)
     assert isinstance(opts, Options)
+    if opts.plan_format == "json" and not opts.dry_run:
+        raise UsageError(
+            "--format json prints the plan: it needs --dry-run (reports: slurm-chaos report --format json)"
+        )
     exps = [load_experiment(experiment, opts.experiments_dirs)] if experiment else None
     prepared = start(opts, exps, suite, kind)
     if isinstance(prepared, str):
@@ -350,7 +444,15 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _rank_nodes(args: argparse.Namespace) -> int:
     from slurm_chaos.errors import UsageError
-    from slurm_chaos.placement import apply_settings, format_ranking, probe_dirs, proposals, rank_nodes
+    from slurm_chaos.placement import (
+        NodeSetting,
+        apply_settings,
+        format_ranking,
+        probe_dirs,
+        proposals,
+        rank_nodes,
+        ranking_json,
+    )
     from slurm_chaos.runner import SubprocessRunner
     from slurm_chaos.site import load_site
     from slurm_chaos.slurm.backend import make_scheduler
@@ -359,20 +461,32 @@ def _rank_nodes(args: argparse.Namespace) -> int:
     if not dirs:
         raise UsageError(f"no probe output (rank-0.h5) under {', '.join(args.run_dirs)}")
     ranking = rank_nodes(dirs, threshold=args.threshold)
-    print(format_ranking(ranking))
+    if args.format == "text":
+        print(format_ranking(ranking))
+    applied: list[NodeSetting] | None = None
     if args.apply:
         if not args.site:
             raise UsageError("--apply needs --site")
         site = load_site(args.site)
         scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
-        settings = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
-        apply_settings(scheduler, settings)
-        for s in settings:
-            print("applied: " + s.describe())
+        applied = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
+        apply_settings(scheduler, applied)
+        if args.format == "text":
+            for s in applied:
+                print("applied: " + s.describe())
+    if args.format == "json":
+        _print_json(ranking_json(ranking, applied))
     return 0
 
 
-def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+RUN_EXITS = (
+    "0 every verdict PASSED (or the plan printed), 1 a verdict other than PASSED, 2 bad input "
+    "(site config, option, experiment), 3 Slurm failed (unreachable, a job not submitted), "
+    "130 interrupted (Ctrl-C or --time-budget: continue with --resume)"
+)
+
+
+def _add_campaign(sub: Subparsers) -> None:
     def common(p: argparse.ArgumentParser, site_required: bool = True) -> None:
         p.add_argument("--site", required=site_required, type=site_config, help=SITE_HELP)
         p.add_argument("--out", help="run directory (default: runs/<run id>)")
@@ -391,22 +505,46 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             help="calibration.json of 'slurm-chaos calibrate': raise the practical threshold of "
             "every comparison to its recommended min_effect (this cluster's run-to-run noise)",
         )
+        p.set_defaults(format="text")
 
-    p = sub.add_parser("run", help="run one experiment: baseline, fault job, watch, roll back, report")
+    p = _command(
+        sub,
+        "run",
+        "run one experiment: baseline, fault job, watch, roll back, report",
+        "Run one experiment: an unfaulted baseline job, then the fault job, watched for detection and\n"
+        "remediation, rolled back, and judged; the report lands in the run directory.",
+        RUN_EXITS,
+        "slurm-chaos run --site site.yaml slow-rank --out runs/slow-rank",
+    )
     p.add_argument("experiment", metavar="EXPERIMENT", help="experiment name or YAML file")
     common(p)
     p.set_defaults(handler=_run)
 
-    p = sub.add_parser(
-        "campaign", help="run a suite of experiments (e.g. the maintenance suite) with one report"
+    p = _command(
+        sub,
+        "campaign",
+        "run a suite of experiments (e.g. the maintenance suite) with one report",
+        "Run a suite of experiments (one baseline per job shape, then each fault job) and write one\n"
+        "report for all of them; --dry-run prints the plan and submits nothing.",
+        RUN_EXITS,
+        "slurm-chaos campaign --site site.yaml --suite maintenance --dry-run --format json",
     )
     p.add_argument("--suite", default="maintenance", help="suite name or YAML file (default: maintenance)")
     common(p)
+    p.add_argument(
+        "--format", default="text", choices=["text", "json"], help=f"with --dry-run, the plan: {FORMAT_HELP}"
+    )
     p.set_defaults(handler=_campaign)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "calibrate",
-        help="A/A calibration: run the unfaulted control job N times, report the false-positive rate",
+        "A/A calibration: run the unfaulted control job N times, report the false-positive rate",
+        "Run the unfaulted control job N times (or analyse probe runs already made, --dirs), compare\n"
+        "every pair, and report the false-positive rate and the min_effect this cluster's noise needs.",
+        "0 the false-positive rate is within bounds, 1 it is not (calibration.json is written either "
+        "way), 2 bad input, 3 Slurm failed, 130 interrupted",
+        "slurm-chaos calibrate --site site.yaml --runs 12 --out runs/aa",
     )
     p.add_argument("--runs", type=int, default=12, help="A/A runs to submit (default 12: 66 pairs)")
     p.add_argument(
@@ -423,8 +561,15 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     common(p, site_required=False)
     p.set_defaults(handler=_calibrate)
 
-    p = sub.add_parser(
-        "rank-nodes", help="rank nodes by the probe's measured speed; propose Slurm weights/features"
+    p = _command(
+        sub,
+        "rank-nodes",
+        "rank nodes by the probe's measured speed; propose Slurm weights/features",
+        "Rank nodes by the compute speed the probe measured on them and propose Slurm weights and the\n"
+        "'fast' feature; --apply sets them with scontrol.",
+        "0 ranked (and applied), 2 bad input (no probe output, --apply without --site), "
+        "3 Slurm refused a setting",
+        "slurm-chaos rank-nodes runs/maintenance-* --format json",
     )
     p.add_argument("run_dirs", nargs="+", metavar="DIR", help="probe output or run directories")
     p.add_argument(
@@ -432,9 +577,18 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.add_argument("--site", type=site_config, help=f"{SITE_HELP} (needed with --apply)")
     p.add_argument("--apply", action="store_true", help="set the proposed weights and features with scontrol")
+    _add_format(p)
     p.set_defaults(handler=_rank_nodes)
 
-    p = sub.add_parser("cleanup", help="revert leftover faults (a missed epilog, a killed campaign)")
+    p = _command(
+        sub,
+        "cleanup",
+        "revert leftover faults (a missed epilog, a killed campaign)",
+        "Revert every fault the node journals still hold (a missed epilog, a killed campaign); with\n"
+        "--run, also cancel that run's jobs and undo its drains and lost nodes.",
+        "0 reverted (or nothing to revert), 1 a revert FAILED (named), 2 bad input, 3 Slurm failed",
+        "slurm-chaos cleanup --site site.yaml --nodes 'node[1-2]' --run runs/maintenance-20250101",
+    )
     p.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     p.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2])")
     p.add_argument(
@@ -442,44 +596,96 @@ def _add_campaign(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.set_defaults(handler=_cleanup)
 
-    p = sub.add_parser("faults", help="list every fault with its keys")
+    p = _command(
+        sub,
+        "faults",
+        "list every fault with its keys",
+        "List every fault of the catalogue: what it does, where it acts, and its keys with their types,\n"
+        "defaults and bounds (what a --chaos=SPEC may say).",
+        "0 listed, 2 bad option",
+        "slurm-chaos faults --format json",
+    )
+    _add_format(p)
     p.set_defaults(handler=_faults)
 
-    p = sub.add_parser("plugin", help="the SPANK plugin and node hooks")
+    p = _command(
+        sub,
+        "plugin",
+        "the SPANK plugin and node hooks",
+        "The SPANK plugin that injects faults into jobs, and the node hooks: install them, or audit an\n"
+        "installation.",
+        "those of the subcommand; 2 no or an unknown subcommand",
+        "sudo slurm-chaos plugin install --site site.yaml && slurm-chaos plugin check --site site.yaml",
+    )
     ps = p.add_subparsers(dest="plugin_cmd", required=True, metavar="{install,check}")
-    q = ps.add_parser(
+    q = _command(
+        ps,
         "install",
-        help="write the policy and job_submit.lua, build the plugin, write its plugstack.conf line, "
+        "write the policy and job_submit.lua, build the plugin, write its plugstack.conf line, "
         "install the node hooks",
+        "Write the fault policy and job_submit.lua, build and install the SPANK plugin, write its\n"
+        "plugstack.conf line, and install the node hooks and the health check.",
+        "0 installed, 1 the build or an install step failed, 2 bad input (site config, option)",
+        "sudo slurm-chaos plugin install --site site.yaml --prefix /usr/local",
     )
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
     q.set_defaults(handler=_plugin_install)
-    q = ps.add_parser(
+    q = _command(
+        ps,
         "check",
-        help="audit an installation: policy, plugstack.conf, plugin, hooks, slurm.conf settings; "
+        "audit an installation: policy, plugstack.conf, plugin, hooks, slurm.conf settings; "
         "exit 1 names each item that is UNSAFE or MISSING",
+        "Audit an installation on every node: policy, plugstack.conf, plugin, hooks, slurm.conf\n"
+        "settings; each item that is UNSAFE or MISSING is named with its path and the fix.",
+        "0 every item OK, 1 an item is UNSAFE or MISSING, 2 bad input (site config, option)",
+        "slurm-chaos plugin check --site site.yaml --nodes 'node[1-4]' --json",
     )
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2]; default: all)")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(handler=_plugin_check)
 
-    p = sub.add_parser("compare", help="compare a fault run's probe files with a baseline's")
+    p = _command(
+        sub,
+        "compare",
+        "compare a fault run's probe files with a baseline's",
+        "Compare the step times of a fault run's probe files with a baseline's: regression, its\n"
+        "confidence interval, p-value and stragglers.",
+        "0 compared, 2 bad input (missing or inconsistent probe files)",
+        "slurm-chaos compare runs/r1/experiments/slow-rank/baseline runs/r1/experiments/slow-rank/fault",
+    )
     p.add_argument("baseline", metavar="BASELINE_DIR")
     p.add_argument("fault", metavar="FAULT_DIR")
     p.add_argument("--format", default="text", choices=["text", "json"])
     p.set_defaults(handler=_compare)
 
-    p = sub.add_parser("report", help="verdicts of a run directory: table, HTML, JSON or JUnit XML")
+    p = _command(
+        sub,
+        "report",
+        "verdicts of a run directory: table, HTML, JSON or JUnit XML",
+        "Judge every experiment of a run directory and print its verdicts; report.html, report.json\n"
+        "and report.xml (JUnit) are written into the run directory.",
+        "0 every verdict PASSED, 1 a verdict other than PASSED, 2 bad input (no run directory, bad "
+        "probe data)",
+        "slurm-chaos report runs/maintenance-20250101 --format junit --output results.xml",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--format", default="table", choices=["table", "html", "json", "junit"])
     p.add_argument("--output", help="also write the chosen format to this file")
     p.set_defaults(handler=_report)
 
 
-def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("render", help="write an experiment's sbatch scripts without submitting (dry run)")
+def _add_common(sub: Subparsers) -> None:
+    p = _command(
+        sub,
+        "render",
+        "write an experiment's sbatch scripts without submitting (dry run)",
+        "Write the sbatch scripts an experiment would submit (baseline and fault job) into a directory,\n"
+        "without submitting anything.",
+        "0 written, 2 bad input (site config, experiment, a limit the site sets)",
+        "slurm-chaos render --site site.yaml --experiment slow-rank --out /tmp/scripts",
+    )
     p.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     p.add_argument("--experiment", required=True, help="experiment name or YAML file")
     p.add_argument("--out", required=True, help="directory for the scripts")
@@ -489,15 +695,33 @@ def _add_common(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.set_defaults(handler=_render)
 
-    p = sub.add_parser("experiments", help="list the experiment library")
+    p = _command(
+        sub,
+        "experiments",
+        "list the experiment library",
+        "List the experiment library (and --experiments-dir): each experiment's strategy and fault\n"
+        "SPEC; --format json adds its description, nodes and expectations.",
+        "0 listed, 2 an invalid experiment file (named)",
+        "slurm-chaos experiments --experiments-dir ./my-experiments --format json",
+    )
     p.add_argument(
         "--experiments-dir", action="append", default=[], type=Path, help="extra experiment directory"
     )
+    _add_format(p)
     p.set_defaults(handler=_experiments)
 
-    p = sub.add_parser("status", help="what a run directory holds and the state of its jobs")
+    p = _command(
+        sub,
+        "status",
+        "what a run directory holds and the state of its jobs",
+        "Show what a run directory holds (run, site, versions, experiments complete) and the state of\n"
+        "its jobs, asking Slurm for those not yet ended unless --offline.",
+        "0 the run finished uninterrupted, 1 it is unfinished or was interrupted, 2 no run directory",
+        "slurm-chaos status runs/maintenance-20250101 --offline --format json",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--offline", action="store_true", help="do not ask Slurm for the jobs' current states")
+    _add_format(p)
     p.set_defaults(handler=_run_status)
 
 
@@ -506,6 +730,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="slurm-chaos",
         description="Chaos engineering for GPU clusters run by Slurm: inject real faults into training jobs, "
         "measure the regression, and check that monitoring and the scheduler reacted.",
+        epilog="exit codes: 0 success (every verdict PASSED), 1 findings (a verdict other than PASSED, an\n"
+        "audit that found problems), 2 bad input, 3 the tool failed (Slurm unreachable, a job not\n"
+        "submitted), 130 interrupted\n\n"
+        "example:\n  slurm-chaos campaign --site site.yaml --suite maintenance --dry-run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")

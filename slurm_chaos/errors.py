@@ -1,4 +1,9 @@
-"""Exceptions that carry the process exit code the CLI returns for them."""
+"""Exceptions that carry the process exit code the CLI returns for them.
+
+0 success, 1 findings (a verdict other than PASSED, an audit that found problems), 2 bad input
+(UsageError, DataError), 3 the tool itself failed (SlurmError: Slurm unreachable or refusing a
+request), 130 interrupted (the CLI's, not an exception's).
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,12 @@ class ConfigError(UsageError):
 
 
 class SlurmError(ChaosError):
-    """Slurm refused a request or could not be reached; carries Slurm's own message."""
+    """Slurm refused a request or could not be reached; carries Slurm's own message.
+
+    Exit 3: the tool could not do its work, which is neither a finding (1) nor bad input (2).
+    """
+
+    exit_code = 3
 
 
 class SlurmUnreachable(SlurmError):

@@ -200,3 +200,53 @@ def load_experiment(name_or_path: str, extra_dirs: tuple[Path, ...] = ()) -> Exp
     if exp.name != name_or_path:
         raise ConfigError(str(exp.path), "name", f"{exp.name!r} differs from the file name {name_or_path!r}")
     return exp
+
+
+def library(extra_dirs: tuple[Path, ...] = ()) -> dict[str, Experiment]:
+    """Every experiment `available` finds, loaded, by name in name order (`slurm-chaos experiments`)."""
+    return {name: load_experiment_file(path) for name, path in sorted(available(extra_dirs).items())}
+
+
+def format_library(experiments: dict[str, Experiment]) -> str:
+    """One line per experiment: name, strategy and its fault's SPEC."""
+    return "\n".join(
+        f"{name:<24} {e.strategy:<12} {e.fault.spec or '(no fault)'}" for name, e in experiments.items()
+    )
+
+
+def expect_json(expect: Expect) -> dict[str, Any]:
+    return {
+        "regression": expect.regression,
+        "detect": list(expect.detect),
+        "detect_within_s": expect.detect_within_s,
+        "remediation": [str(r) for r in expect.remediation],
+        "remediate_within_s": expect.remediate_within_s,
+        "max_lost_steps": expect.max_lost_steps,
+    }
+
+
+def experiment_json(exp: Experiment) -> dict[str, Any]:
+    """The experiment as plain JSON data: what it injects, where, and what must follow."""
+    t = exp.fault.target
+    return {
+        "name": exp.name,
+        "path": str(exp.path),
+        "strategy": str(exp.strategy),
+        "description": exp.description,
+        "nodes": exp.nodes,
+        "tasks_per_node": exp.tasks_per_node,
+        "steps": exp.steps,
+        "mode": str(exp.mode),
+        "requeue": exp.requeue,
+        "switches": exp.switches,
+        "constraint": exp.constraint,
+        "spec": exp.fault.spec,
+        "target": {"rank": t.rank, "node": t.node, "switch": t.switch},
+        "start_after_s": exp.fault.start_after_s,
+        "duration_s": exp.fault.duration_s,
+        "hypothesis": {
+            "max_regression": exp.hypothesis.max_regression,
+            "min_busbw_gbps": exp.hypothesis.min_busbw_gbps,
+        },
+        "expect": expect_json(exp.expect),
+    }

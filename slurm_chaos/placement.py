@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurm_chaos.analysis.straggler import SLOW_COMPUTE, straggler_scores
 from slurm_chaos.errors import SlurmError
@@ -80,6 +81,28 @@ def format_ranking(ranking: list[NodeRank]) -> str:
         )
         lines.append(f"{r.node:<16} {r.score:>6.2f} {r.ranks:>5}  {proposal}")
     return "\n".join(lines)
+
+
+def ranking_json(ranking: list[NodeRank], applied: list[NodeSetting] | None = None) -> dict[str, Any]:
+    """What `format_ranking` shows (and, after --apply, the settings applied), as JSON data."""
+    nodes = [
+        {
+            "node": r.node,
+            "speed": r.score,
+            "ranks": r.ranks,
+            "slow": r.slow,
+            "proposal": {
+                "weight": r.weight,
+                "add_features": [] if r.slow else [FAST_FEATURE],
+                "remove_features": [FAST_FEATURE] if r.slow else [],
+            },
+        }
+        for r in ranking
+    ]
+    doc: dict[str, Any] = {"fast_feature": FAST_FEATURE, "nodes": nodes}
+    if applied is not None:
+        doc["applied"] = [{"node": s.node, "weight": s.weight, "features": list(s.features)} for s in applied]
+    return doc
 
 
 @dataclass(frozen=True)

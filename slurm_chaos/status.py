@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.rundir import Manifest, read_manifest
@@ -36,6 +38,35 @@ def format_status(manifest: Manifest, live: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def status_json(manifest: Manifest, live: dict[str, str]) -> dict[str, Any]:
+    """What `format_status` shows, as JSON data (times as Unix seconds, None when unknown)."""
+    return {
+        "run_id": manifest.run_id,
+        "kind": str(manifest.kind),
+        "cluster": manifest.cluster,
+        "site": manifest.site,
+        "started": manifest.started,
+        "finished": manifest.finished,
+        "interrupted": manifest.interrupted,
+        "tool_version": manifest.tool_version,
+        "slurm_version": manifest.slurm_version,
+        "python": manifest.python,
+        "experiments": list(manifest.experiments),
+        "completed": list(manifest.completed),
+        "jobs": [
+            {
+                "experiment": j.experiment,
+                "role": str(j.role),
+                "job_id": j.job_id,
+                "state": live.get(j.job_id, str(j.state)),
+                "restarts": j.restarts,
+                "nodes": list(j.nodes),
+            }
+            for j in manifest.jobs
+        ],
+    }
+
+
 def live_states(manifest: Manifest) -> dict[str, str]:
     """Current state of the run's unfinished jobs, in one query; empty when Slurm cannot say."""
     from slurm_chaos.runner import SubprocessRunner
@@ -54,8 +85,14 @@ def live_states(manifest: Manifest) -> dict[str, str]:
         return {}
 
 
-def run_status(run_dir: Path, live: bool = True) -> tuple[str, int]:
-    """Text for the terminal and an exit code (0 when the run finished uninterrupted)."""
+def run_status(run_dir: Path, live: bool = True, fmt: str = "text") -> tuple[str, int]:
+    """Text (or, with fmt "json", one JSON document) for the terminal and an exit code (0 when the
+    run finished uninterrupted)."""
     manifest = read_manifest(run_dir)
     done = manifest.finished is not None and not manifest.interrupted
-    return format_status(manifest, live_states(manifest) if live else {}), 0 if done else 1
+    states = live_states(manifest) if live else {}
+    if fmt == "json":
+        text = json.dumps({**status_json(manifest, states), "exit_code": 0 if done else 1}, indent=2)
+    else:
+        text = format_status(manifest, states)
+    return text, 0 if done else 1

@@ -154,40 +154,52 @@ def _duration(a: ExperimentAnalysis) -> str:
     return f"{max(0.0, seconds):.3f}"
 
 
+# How each verdict reads to a CI server: a finding fails the test; NO EFFECT means the injection
+# itself is suspect (an error of the test, not a finding); INCONCLUSIVE could not be judged.
+_JUNIT_OUTCOME = {
+    Verdict.PASSED: None,
+    Verdict.BLIND_SPOT: "failure",
+    Verdict.NOT_RECOVERED: "failure",
+    Verdict.NO_EFFECT: "error",
+    Verdict.INCONCLUSIVE: "skipped",
+}
+
+
+def _junit_counts(results: Sequence[ExperimentResult]) -> dict[str, str]:
+    outcomes = [_JUNIT_OUTCOME[r.verdict] for r in results]
+    return {
+        "tests": str(len(outcomes)),
+        "failures": str(outcomes.count("failure")),
+        "errors": str(outcomes.count("error")),
+        "skipped": str(outcomes.count("skipped")),
+    }
+
+
+def _junit_case(suite: ET.Element, a: ExperimentAnalysis, classname: str) -> None:
+    r = a.result
+    case = ET.SubElement(suite, "testcase", {"name": r.name, "classname": classname, "time": _duration(a)})
+    outcome = _JUNIT_OUTCOME[r.verdict]
+    if outcome == "skipped":
+        ET.SubElement(case, "skipped", {"message": r.reason})
+    elif outcome is not None:
+        element = ET.SubElement(case, outcome, {"type": r.verdict.value, "message": r.reason})
+        element.text = json.dumps(r.to_json(), indent=2, sort_keys=True)
+    out = ET.SubElement(case, "system-out")
+    out.text = f"{r.verdict.value}: {r.reason}"
+
+
 def render_junit(report: RunReport) -> str:
-    """One testcase per experiment; every verdict but PASSED is a failure whose type is the verdict."""
+    """One testcase per experiment: PASSED passes, BLIND SPOT and NOT RECOVERED are failures whose
+    type is the verdict, NO EFFECT an error, INCONCLUSIVE skipped (its reason the message)."""
     m = report.manifest
-    failures = sum(a.result.verdict is not Verdict.PASSED for a in report.analyses)
-    tests = str(len(report.analyses))
-    root = ET.Element(
-        "testsuites", {"name": "slurm-chaos", "tests": tests, "failures": str(failures), "errors": "0"}
-    )
-    suite = ET.SubElement(
-        root,
-        "testsuite",
-        {
-            "name": f"slurm-chaos.{m.run_id}",
-            "tests": tests,
-            "failures": str(failures),
-            "errors": "0",
-            "skipped": "0",
-        },
-    )
+    counts = _junit_counts(report.results)
+    root = ET.Element("testsuites", {"name": "slurm-chaos", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": f"slurm-chaos.{m.run_id}", **counts})
     props = ET.SubElement(suite, "properties")
     for key, value in (("run_id", m.run_id), ("site", m.site), ("started", report.started)):
         ET.SubElement(props, "property", {"name": key, "value": value})
     for a in report.analyses:
-        r = a.result
-        case = ET.SubElement(
-            suite,
-            "testcase",
-            {"name": r.name, "classname": f"slurm-chaos.{m.site or 'site'}", "time": _duration(a)},
-        )
-        if r.verdict is not Verdict.PASSED:
-            failure = ET.SubElement(case, "failure", {"type": r.verdict.value, "message": r.reason})
-            failure.text = json.dumps(r.to_json(), indent=2, sort_keys=True)
-        out = ET.SubElement(case, "system-out")
-        out.text = f"{r.verdict.value}: {r.reason}"
+        _junit_case(suite, a, f"slurm-chaos.{m.site or 'site'}")
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -14,7 +16,7 @@ from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, s
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.errors import ConfigError, UsageError
-from slurm_chaos.experiment import Experiment, load_experiment
+from slurm_chaos.experiment import Experiment, experiment_json, load_experiment
 from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
 from slurm_chaos.rundir import CONTROLLER_JOURNAL, read_manifest
@@ -36,6 +38,8 @@ class Options:
     experiments_dirs: tuple[Path, ...] = ()
     quiet: bool = False
     calibration: Path | None = None
+    # How a dry run's plan is printed: "text" (a table) or "json" (one document).
+    plan_format: str = "text"
 
 
 def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
@@ -51,17 +55,38 @@ def load_suite(name: str, extra: tuple[Path, ...] = ()) -> list[Experiment]:
     return [load_experiment(str(n), extra) for n in names]
 
 
+def _baselines(site: Site, experiments: list[Experiment]) -> dict[str, list[str]]:
+    """Job shape label -> the experiments that share its baseline (each checked against the limits)."""
+    shapes: dict[str, list[str]] = {}
+    for exp in experiments:
+        check_limits(site, exp)
+        shapes.setdefault(shape_of(site, exp).label, []).append(exp.name)
+    return shapes
+
+
+def plan_json(site: Site, experiments: list[Experiment]) -> dict[str, Any]:
+    """The dry-run plan as JSON data: the site, one baseline per job shape, every experiment."""
+    return {
+        "site": {
+            "cluster": site.cluster,
+            "path": str(site.path),
+            "partition": site.slurm.partition,
+            "reservation": site.slurm.reservation,
+        },
+        "baselines": [
+            {"shape": label, "shared_by": names} for label, names in _baselines(site, experiments).items()
+        ],
+        "experiments": [experiment_json(exp) for exp in experiments],
+    }
+
+
 def describe_plan(site: Site, experiments: list[Experiment]) -> str:
     """The dry-run plan: one baseline per job shape, then each experiment's fault job."""
     lines = [
         f"site {site.cluster} ({site.path}), partition {site.slurm.partition}, "
         f"reservation {site.slurm.reservation or '-'}"
     ]
-    shapes: dict[str, list[str]] = {}
-    for exp in experiments:
-        check_limits(site, exp)
-        shapes.setdefault(shape_of(site, exp).label, []).append(exp.name)
-    for label, names in shapes.items():
+    for label, names in _baselines(site, experiments).items():
         lines.append(f"baseline {label}: shared by {', '.join(names)}")
     lines.append("")
     lines.append(f"{'EXPERIMENT':<22} {'STRATEGY':<12} {'NODES':>5} {'FAULT':<40} EXPECT")
@@ -116,6 +141,8 @@ def start(
 
         floor = load_recommended_min_effect(opts.calibration)
     if opts.dry_run:
+        if opts.plan_format == "json":
+            return json.dumps(plan_json(site, experiments), indent=2)
         return describe_plan(site, experiments)
     conn = connection(site)
     if site.slurm.hooks_dir:

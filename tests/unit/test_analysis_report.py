@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from slurm_chaos.analysis.commands import compare_dirs, report_dir
+from slurm_chaos.analysis.model import Verdict
+from slurm_chaos.analysis.report import analyse_run, render_junit
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, simulate, write_run, write_run_dir
 from slurm_chaos.errors import ChaosError, DataError, UsageError
 from slurm_chaos.rundir import Expectation
@@ -100,10 +102,44 @@ def test_junit_validates_against_the_schema(run_dir: Path, outputs: dict[str, tu
     assert text == (run_dir / "report.xml").read_text()
     doc = schema.to_dict(str(run_dir / "report.xml"))
     suite = doc["testsuite"][0]
-    assert (suite["@tests"], suite["@failures"]) == ("3", "1")
+    assert (suite["@tests"], suite["@failures"], suite["@errors"], suite["@skipped"]) == ("3", "1", "0", "0")
+    assert (doc["@tests"], doc["@failures"], doc["@errors"], doc["@skipped"]) == ("3", "1", "0", "0")
     cases = {c["@name"]: c for c in suite["testcase"]}
     assert "failure" not in cases["slow-rank"] and "failure" not in cases["a-a"]
     assert cases["cpu-hog"]["failure"][0]["@type"] == "BLIND SPOT"
+
+
+def test_junit_maps_every_verdict_to_its_outcome(run_dir: Path) -> None:
+    """PASSED passes; BLIND SPOT and NOT RECOVERED fail; NO EFFECT is an error of the test (the
+    injection is suspect); INCONCLUSIVE is skipped with its reason; every count matches."""
+    xmlschema = pytest.importorskip("xmlschema")
+    schema = xmlschema.XMLSchema(str(XSD))
+    report = analyse_run(run_dir)
+    template = report.analyses[0]
+    results = [
+        replace(template.result, name=v.name.lower(), verdict=v, reason=f"why {v.name}") for v in Verdict
+    ]
+    analyses = tuple(replace(template, result=r) for r in results)
+    text = render_junit(replace(report, analyses=analyses))
+    schema.validate(text)
+    doc = schema.to_dict(text)
+    suite = doc["testsuite"][0]
+    counts = {"@tests": "5", "@failures": "2", "@errors": "1", "@skipped": "1"}
+    assert {k: suite[k] for k in counts} == counts and {k: doc[k] for k in counts} == counts
+    cases = {c["@name"]: c for c in suite["testcase"]}
+    outcomes = {name: sorted(set(c) & {"failure", "error", "skipped"}) for name, c in cases.items()}
+    assert outcomes == {
+        "passed": [],
+        "blind_spot": ["failure"],
+        "not_recovered": ["failure"],
+        "no_effect": ["error"],
+        "inconclusive": ["skipped"],
+    }
+    assert cases["blind_spot"]["failure"][0]["@type"] == "BLIND SPOT"
+    assert cases["not_recovered"]["failure"][0]["@type"] == "NOT RECOVERED"
+    assert cases["no_effect"]["error"][0]["@type"] == "NO EFFECT"
+    assert cases["no_effect"]["error"][0]["@message"] == "why NO_EFFECT"
+    assert cases["inconclusive"]["skipped"][0]["@message"] == "why INCONCLUSIVE"
 
 
 def test_schema_rejects_what_jenkins_would(tmp_path: Path) -> None:
