@@ -159,3 +159,23 @@ def test_carry_over_fills_fields_an_older_file_lacks(tmp_path: Path) -> None:
     rk = read_rank(path)
     assert rk.step_time.tolist() == [0.5, 0.25] and rk.step.tolist() == [0, 1]
     assert np.isnan(rk.comm_time).all()
+
+
+def test_last_step_follows_a_live_file(tmp_path: Path) -> None:
+    """The campaign reads a running job's progress from rank 0's file: the last flushed step,
+    None before the file exists or before its first flush."""
+    from slurm_chaos.probe.reader import last_step
+
+    assert last_step(tmp_path) is None
+    w = RankWriter(tmp_path / "rank-0.h5", ATTRS, flush_every=100, flush_interval=3600)
+    assert last_step(tmp_path) is None
+    for s in range(5):
+        w.append_step(_record(s))
+    assert last_step(tmp_path) is None  # buffered, not yet flushed
+    w.flush()
+    assert last_step(tmp_path) == 4
+    w.append_step(_record(5))
+    w.close()
+    assert last_step(tmp_path) == 5
+    (tmp_path / "rank-0.h5").write_bytes(b"not hdf5")
+    assert last_step(tmp_path) is None
