@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS
+from slurm_chaos.probe.schema import META_ATTR, READABLE_VERSIONS, STEP_FIELDS
 
 FloatArray = npt.NDArray[np.float64]
 _RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
@@ -77,6 +78,20 @@ def _attr(attrs: dict[str, object], key: str, path: Path) -> object:
     return attrs[key]
 
 
+def read_attrs(f: Any) -> dict[str, object]:
+    """The file's attributes: from the one JSON ``meta`` attribute where it holds exactly the others
+    (schema 2), else one by one (schema 1, or a writer killed between the two)."""
+    attrs = f.attrs
+    if META_ATTR in attrs:
+        try:
+            meta = json.loads(attrs[META_ATTR])
+        except (TypeError, ValueError):
+            meta = None
+        if isinstance(meta, dict) and len(meta) == len(attrs) - 1:
+            return meta
+    return {k: _decode(v) for k, v in attrs.items() if k != META_ATTR}
+
+
 def _decode(value: object) -> object:
     if isinstance(value, bytes):
         return value.decode()
@@ -121,10 +136,10 @@ def read_rank(path: Path) -> RankData:
         raise DataError(f"{path}: no such probe file")
     try:
         with open_probe_file(path) as f:
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            attrs = read_attrs(f)
             version = _attr(attrs, "schema_version", path)
-            if version != SCHEMA_VERSION:
-                raise DataError(f"{path}: schema_version {version}, this reader knows {SCHEMA_VERSION}")
+            if version not in READABLE_VERSIONS:
+                raise DataError(f"{path}: schema_version {version}, this reader knows {READABLE_VERSIONS}")
             top = set(f)
             if "steps" not in top:
                 raise DataError(f"{path}: no 'steps' group")
