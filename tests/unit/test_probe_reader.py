@@ -1,4 +1,5 @@
-"""Reading rank files: the ``meta`` attribute (schema 2) and its fall-backs, schema 1 files."""
+"""Reading rank files: the ``meta`` attribute (schema 2) and its fall-backs, schema 1 files, and
+reading only the datasets an analysis needs."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from slurm_chaos.analysis.regression import job_series
+from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores
 from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.reader import open_probe_file, read_attrs, read_rank
-from slurm_chaos.probe.schema import META_ATTR, SCHEMA_VERSION
+from slurm_chaos.probe.reader import open_probe_file, read_attrs, read_rank, read_run
+from slurm_chaos.probe.schema import META_ATTR, SCHEMA_VERSION, STEP_FIELDS
 from slurm_chaos.probe.writer import RankWriter, StepRecord, meta_json
 
 ATTRS = {
@@ -134,3 +137,17 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
         del f.attrs[META_ATTR]
     with pytest.raises(DataError, match="schema_version 99"):
         read_rank(path)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_reading_only_the_analysis_datasets_gives_the_same_analysis(tmp_path: Path, version: int) -> None:
+    run = simulate(replace(MODEL, slow_rank=4, slow_rank_factor=0.3))
+    directory = write_run(tmp_path / "run", run, schema_version=version)
+    full, some = read_run(directory), read_run(directory, STEPS_READ)
+    assert set(full.ranks[0].fields) == set(STEP_FIELDS)
+    assert set(some.ranks[0].fields) == set(STEPS_READ.fields)
+    a, b = job_series(full), job_series(some)
+    assert np.array_equal(a.step_time, b.step_time) and np.array_equal(a.t_start, b.t_start)
+    assert straggler_scores(full) == straggler_scores(some)
+    for x, y in zip(full.ranks, some.ranks, strict=True):
+        assert x.attrs == y.attrs and np.array_equal(x.step, y.step) and y.events == ()
