@@ -208,8 +208,11 @@ def write_attrs(f: Any, attrs: Mapping[str, Any]) -> None:
         f.attrs[key] = _attr_value(value)
     if not (fresh or has_meta):
         return
-    previous = json.loads(f.attrs[META_ATTR]) if has_meta else {}
-    meta = meta_json(previous | dict(attrs))
+    try:
+        previous = json.loads(f.attrs[META_ATTR]) if has_meta else {}
+    except (TypeError, ValueError):  # damaged: closing the file must not fail for it
+        previous = None
+    meta = meta_json(previous | dict(attrs)) if isinstance(previous, dict) else None
     if meta is not None:
         f.attrs[META_ATTR] = meta
     elif has_meta:

@@ -17,7 +17,7 @@ from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import open_probe_file, read_attrs, read_rank, read_run
 from slurm_chaos.probe.schema import META_ATTR, SCHEMA_VERSION, STEP_FIELDS
-from slurm_chaos.probe.writer import RankWriter, StepRecord, meta_json
+from slurm_chaos.probe.writer import RankWriter, StepRecord, meta_json, write_attrs
 
 ATTRS = {
     "rank": 0,
@@ -125,6 +125,17 @@ def test_attribute_json_cannot_keep_means_no_meta(tmp_path: Path) -> None:
     assert rk.attrs["sizes"].tolist() == [0, 1, 2]  # type: ignore[attr-defined]
     with open_probe_file(path) as f:
         assert META_ATTR not in f.attrs
+
+
+def test_damaged_meta_is_dropped_when_attributes_are_added(tmp_path: Path) -> None:
+    import h5py
+
+    path = tmp_path / "rank-0.h5"
+    with h5py.File(path, "w") as f:
+        write_attrs(f, {"schema_version": 2, "rank": 0, "world_size": 1, "host": "h", "job_id": "1"})
+        f.attrs[META_ATTR] = "{damaged"
+        write_attrs(f, {"complete": True})
+        assert META_ATTR not in f.attrs and f.attrs["complete"]
 
 
 def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
