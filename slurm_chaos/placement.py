@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_chaos.analysis.straggler import SLOW_COMPUTE, straggler_scores
+from slurm_chaos.analysis.straggler import SLOW_COMPUTE, STEPS_READ, straggler_scores
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.slurm.model import NodeInfo
@@ -51,7 +51,7 @@ def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> l
     counts: dict[str, int] = {}
     flagged: dict[str, int] = {}
     for d in run_dirs:
-        run = read_run(d)
+        run = read_run(d, STEPS_READ)
         worst: dict[str, float] = {}
         for s in straggler_scores(run):
             worst[s.host] = min(worst.get(s.host, 1.0), s.score)

@@ -40,6 +40,7 @@ from slurm_chaos.analysis.regression import (
     detect_warmup,
     job_series,
 )
+from slurm_chaos.analysis.straggler import STEPS_READ
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import read_run
@@ -171,7 +172,7 @@ def calibrate_series(
 
 def calibrate_dirs(dirs: Sequence[Path], min_effect: float = MIN_EFFECT) -> AACalibration:
     """A/A calibration of probe run directories (``rank-<R>.h5`` each) of one job shape."""
-    runs = [read_run(d) for d in dirs]
+    runs = [read_run(d, STEPS_READ) for d in dirs]
     sizes = {r.world_size for r in runs}
     if len(sizes) > 1:
         shapes = ", ".join(f"{r.directory}: {r.world_size}" for r in runs)

@@ -18,7 +18,7 @@ from slurm_chaos.analysis.report import (
     render_json,
     render_junit,
 )
-from slurm_chaos.analysis.straggler import straggler_scores, stragglers
+from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
 from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.reader import RunData, read_run
 
@@ -52,7 +52,7 @@ def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_
     """
     if fmt not in COMPARE_FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(COMPARE_FORMATS)}")
-    c, scores = compare_and_localise(read_run(baseline), read_run(fault), min_effect)
+    c, scores = compare_and_localise(read_run(baseline, STEPS_READ), read_run(fault, STEPS_READ), min_effect)
     slow = stragglers(scores)
     waiters = sum(s.kind == "waits_in_allreduce" for s in scores)
     record = _compare_record(c, slow, waiters)

@@ -10,13 +10,15 @@ import numpy.typing as npt
 
 from slurm_chaos.analysis.model import ExperimentResult, Verdict
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
-from slurm_chaos.analysis.straggler import straggler_scores, stragglers
+from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
 from slurm_chaos.rundir import OBSERVATIONS, FaultWindow, Observation, ObservationLog, load_observations
 
 FloatArray = npt.NDArray[np.float64]
+# The comparison's and the plots' step fields, and the events the observations take.
+EXPERIMENT_READ = replace(STEPS_READ, events=True)
 
 # The probe's own event kinds, as observation signals (schema v1 EVENT_KINDS).
 PROBE_EVENT_SIGNALS = {
@@ -47,7 +49,7 @@ def _read_side(exp_dir: Path, side: str) -> RunData:
     directory = exp_dir / side
     if not directory.is_dir():
         raise MissingProbeFiles(f"{exp_dir.name}: missing {side} run ({directory} does not exist)")
-    return read_run(directory)
+    return read_run(directory, EXPERIMENT_READ)
 
 
 def _without_fault_run(

@@ -37,6 +37,7 @@ from scipy import signal as sps
 
 from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
+from slurm_chaos.probe.writer import write_attrs
 from slurm_chaos.rundir import Expectation, FaultWindow, Observation, ObservationLog, write_observations
 
 FloatArray = npt.NDArray[np.float64]
@@ -197,32 +198,36 @@ def host_of(m: JobModel, rank: int) -> str:
     return f"node{rank // m.ranks_per_host + 1}"
 
 
-def write_run(directory: Path, run: SyntheticRun, job_id: str = "1000") -> Path:
-    """Write one ``rank-<R>.h5`` per rank, schema v1."""
+def write_run(
+    directory: Path, run: SyntheticRun, job_id: str = "1000", schema_version: int = SCHEMA_VERSION
+) -> Path:
+    """Write one ``rank-<R>.h5`` per rank: schema 2 (attributes also as ``meta``) or 1 (without)."""
     import h5py
 
     m = run.model
     directory.mkdir(parents=True, exist_ok=True)
     for r in range(m.ranks):
         with h5py.File(directory / rank_file_name(r), "w") as f:
-            f.attrs.update(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "rank": r,
-                    "world_size": m.ranks,
-                    "local_rank": r % m.ranks_per_host,
-                    "host": host_of(m, r),
-                    "job_id": job_id,
-                    "start_time": m.start_time,
-                    "mode": "train",
-                    "backend": "gloo",
-                    "restart_step": 0,
-                    "cpu_affinity": "0-3",
-                    "cpu_numa_nodes": "0",
-                    "numa_mismatch": False,
-                    "gpu_index": r % m.ranks_per_host if m.gpus else -1,
-                }
-            )
+            attrs = {
+                "schema_version": schema_version,
+                "rank": r,
+                "world_size": m.ranks,
+                "local_rank": r % m.ranks_per_host,
+                "host": host_of(m, r),
+                "job_id": job_id,
+                "start_time": m.start_time,
+                "mode": "train",
+                "backend": "gloo",
+                "restart_step": 0,
+                "cpu_affinity": "0-3",
+                "cpu_numa_nodes": "0",
+                "numa_mismatch": False,
+                "gpu_index": r % m.ranks_per_host if m.gpus else -1,
+            }
+            if schema_version == 1:
+                f.attrs.update(attrs)
+            else:
+                write_attrs(f, attrs)
             g = f.create_group("steps")
             g.create_dataset("step", data=np.arange(m.steps, dtype=np.int64), maxshape=(None,))
             g.create_dataset("t_start", data=run.t_start[r], maxshape=(None,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
+from slurm_chaos.probe.schema import META_ATTR, READABLE_VERSIONS, STEP_FIELDS, rank_file_name
 
 FloatArray = npt.NDArray[np.float64]
 _RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
@@ -22,6 +23,20 @@ class Event:
     time: float
     kind: str
     detail: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which of a rank file's datasets :func:`read_rank` reads (``steps/step`` and ``steps/t_start``
+    always): an analysis names the few it needs, as over 1,000s of files each one read shows."""
+
+    fields: tuple[str, ...] = STEP_FIELDS
+    events: bool = True
+    telemetry: bool = True
+    allreduce: bool = True
+
+
+EVERYTHING = Selection()
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,20 @@ def _attr(attrs: dict[str, object], key: str, path: Path) -> object:
     return attrs[key]
 
 
+def read_attrs(f: Any) -> dict[str, object]:
+    """The file's attributes: from the one JSON ``meta`` attribute where it holds exactly the others
+    (schema 2), else one by one (schema 1, or a writer killed between the two)."""
+    attrs = f.attrs
+    if META_ATTR in attrs:
+        try:
+            meta = json.loads(attrs[META_ATTR])
+        except (TypeError, ValueError):
+            meta = None
+        if isinstance(meta, dict) and len(meta) == len(attrs) - 1:
+            return meta
+    return {k: _decode(v) for k, v in attrs.items() if k != META_ATTR}
+
+
 def _decode(value: object) -> object:
     if isinstance(value, bytes):
         return value.decode()
@@ -115,44 +144,40 @@ def _read_array(f: Any, name: str, dtype: type = np.float64) -> npt.NDArray[Any]
     return out
 
 
-def read_rank(path: Path) -> RankData:
-    """Read one rank file; a truncated or foreign file raises :class:`DataError`."""
+def _paths(f: Any) -> set[str]:
+    """The path of every group and dataset in the file, in one low-level walk (listing the groups
+    through h5py's high-level API costs several times more)."""
+    names: list[bytes] = []
+    f.id.links.visit(names.append)
+    return {name.decode() for name in names}
+
+
+def read_rank(path: Path, selection: Selection = EVERYTHING) -> RankData:
+    """Read one rank file (the datasets `selection` names); a truncated or foreign file raises
+    :class:`DataError`. Of the step fields, rows up to the shortest of those read are kept."""
     if not path.exists():
         raise DataError(f"{path}: no such probe file")
     try:
         with open_probe_file(path) as f:
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            attrs = read_attrs(f)
             version = _attr(attrs, "schema_version", path)
-            if version != SCHEMA_VERSION:
-                raise DataError(f"{path}: schema_version {version}, this reader knows {SCHEMA_VERSION}")
-            top = set(f)
+            if version not in READABLE_VERSIONS:
+                raise DataError(f"{path}: schema_version {version}, this reader knows {READABLE_VERSIONS}")
+            top = _paths(f)
             if "steps" not in top:
                 raise DataError(f"{path}: no 'steps' group")
-            members = set(f["steps"])
-            fields = {name: _read_array(f, "steps/" + name) for name in STEP_FIELDS if name in members}
+            members = {name.removeprefix("steps/") for name in top if name.startswith("steps/")}
+            wanted = [name for name in STEP_FIELDS if name in members and name in selection.fields]
+            fields = {name: _read_array(f, "steps/" + name) for name in wanted}
             if "step_time" not in fields:
                 raise DataError(f"{path}: no dataset steps/step_time")
             n = min(len(v) for v in fields.values())
             fields = {k: v[:n] for k, v in fields.items()}
             step = _read_array(f, "steps/step", np.int64)[:n] if "step" in members else np.arange(n)
             t_start = _read_array(f, "steps/t_start")[:n] if "t_start" in members else np.full(n, np.nan)
-            events: tuple[Event, ...] = ()
-            if "events" in top:
-                e = f["events"]
-                events = tuple(
-                    Event(float(t), str(_decode(k)), str(_decode(d)))
-                    for t, k, d in zip(e["time"][()], e["kind"][()], e["detail"][()], strict=False)
-                )
-            allreduce = (
-                {k: np.asarray(v[()], dtype=np.float64) for k, v in f["allreduce"].items()}
-                if "allreduce" in top
-                else {}
-            )
-            telemetry = (
-                {k: np.asarray(v[()], dtype=np.float64) for k, v in f["telemetry"].items()}
-                if "telemetry" in top
-                else {}
-            )
+            events = _read_events(f) if selection.events and "events" in top else ()
+            allreduce = _read_group(f, "allreduce") if selection.allreduce and "allreduce" in top else {}
+            telemetry = _read_group(f, "telemetry") if selection.telemetry and "telemetry" in top else {}
     except DataError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as exc:
@@ -173,18 +198,31 @@ def read_rank(path: Path) -> RankData:
     )
 
 
+def _read_events(f: Any) -> tuple[Event, ...]:
+    e = f["events"]
+    return tuple(
+        Event(float(t), str(_decode(k)), str(_decode(d)))
+        for t, k, d in zip(e["time"][()], e["kind"][()], e["detail"][()], strict=False)
+    )
+
+
+def _read_group(f: Any, name: str) -> dict[str, FloatArray]:
+    return {k: np.asarray(v[()], dtype=np.float64) for k, v in f[name].items()}
+
+
 class MissingProbeFiles(DataError):
     """The run left no probe files at all: its job never ran or died before its first flush."""
 
 
-def read_run(directory: Path) -> RunData:
-    """Read every `rank-<R>.h5` in `directory`; checks that ranks 0..world_size-1 are all there."""
+def read_run(directory: Path, selection: Selection = EVERYTHING) -> RunData:
+    """Read every `rank-<R>.h5` in `directory` (the datasets `selection` names); checks that ranks
+    0..world_size-1 are all there."""
     if not directory.is_dir():
         raise MissingProbeFiles(f"{directory}: no such run directory")
     files = sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _RANK_FILE.match(p.name)))
     if not files:
         raise MissingProbeFiles(f"{directory}: no probe files (rank-<R>.h5)")
-    ranks = tuple(read_rank(p) for _, p in files)
+    ranks = tuple(read_rank(p, selection) for _, p in files)
     world = {r.world_size for r in ranks}
     if len(world) != 1:
         raise DataError(f"{directory}: ranks disagree on world_size: {sorted(world)}")

@@ -1,6 +1,6 @@
 """HDF5 layout of the probe's per-rank files (one file `rank-<R>.h5` per rank).
 
-Schema version 1:
+Schema version 2 (version 1 plus the ``meta`` attribute; readers take both):
 
 File attributes: ``schema_version`` (int), ``rank``, ``world_size``, ``local_rank`` (int),
 ``host``, ``job_id`` (str), ``start_time`` (float, Unix seconds), ``mode`` ("train" or
@@ -20,6 +20,12 @@ unknown), ``gpu_name``. Written when the rank closes the file (absent if it was 
 ``param_checksum`` (train: sum of all weights, equal on every rank), and after a resume
 ``steps_lost`` (-1 if unknown) and ``recovery_time`` (s from the previous attempt's last step to
 this attempt's start).
+
+``meta`` (version 2): every attribute above, as one JSON object (str), rewritten with the closing
+attributes. A reader reads one attribute instead of some thirty (per-attribute reads were most of
+the cost of reading 1,000s of files) and takes it only when it holds exactly the file's other
+attributes; otherwise (a version 1 file, or a writer killed between the two) it reads them one by
+one. Non-scalar attributes are not in JSON's reach: a file with one has no ``meta``.
 
 Group ``steps`` (resizable, one entry per step, appended and flushed as the run goes):
 ``step`` (int64), ``attempt`` (int64), ``t_start`` (float64 Unix seconds), and float64 seconds
@@ -47,7 +53,9 @@ h5py's ``swmr=True``) while it is being written or after its writer was killed.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+META_ATTR = "meta"
 
 STEP_FIELDS = (
     "step_time",

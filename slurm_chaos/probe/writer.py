@@ -4,7 +4,8 @@ The file is written in HDF5's SWMR mode (single writer, multiple readers): every
 file consistent on disk, whatever happens to the process afterwards, and readers may open it while it
 grows (``reader.read_rank`` opens such a file with ``swmr=True``). SWMR forbids creating objects once
 it is on, so every group and dataset is created up front, strings are fixed-length bytes, and the
-closing attributes (``end_time``, ``complete``) are written after SWMR is switched off at close.
+closing attributes (``end_time``, ``complete``) are written after SWMR is switched off at close,
+and ``meta`` (every attribute as one JSON string, schema 2) is written at start and rewritten then.
 
 Rows are buffered in memory and written in one batch per flush (every ``flush_every`` steps or
 ``flush_interval`` seconds, whichever comes first): that keeps the per-step cost to appending to a
@@ -15,6 +16,7 @@ the whole job, re-run steps included, and ``steps/attempt`` tells the attempts a
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import numpy as np
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.schema import (
     ALLREDUCE_FIELDS,
+    META_ATTR,
     SCHEMA_VERSION,
     STEP_FIELDS,
     TELEMETRY_FIELDS,
@@ -96,10 +99,7 @@ class RankWriter:
 
     def _create_layout(self, attrs: Mapping[str, Any], allreduce: bool) -> None:
         f = self._file
-        f.attrs["schema_version"] = SCHEMA_VERSION
-        f.attrs["attempt"] = self.attempt
-        for key, value in attrs.items():
-            f.attrs[key] = _attr_value(value)
+        write_attrs(f, {"schema_version": SCHEMA_VERSION, "attempt": self.attempt, **attrs})
         steps = f.create_group("steps")
         for name in _INT_STEP_FIELDS:
             steps.create_dataset(name, (0,), maxshape=(None,), dtype="i8", chunks=(1024,))
@@ -194,10 +194,41 @@ class RankWriter:
         self._file.close()
         self.closed = True
         with h5py.File(self.path, "r+", locking=False) as f:
-            f.attrs["end_time"] = time.time()
-            f.attrs["complete"] = True
-            for key, value in (self.pending_attrs | dict(final_attrs or {})).items():
-                f.attrs[key] = _attr_value(value)
+            closing = {"end_time": time.time(), "complete": True}
+            write_attrs(f, closing | self.pending_attrs | dict(final_attrs or {}))
+
+
+def write_attrs(f: Any, attrs: Mapping[str, Any]) -> None:
+    """Write `attrs` as file attributes, one by one, and add them to ``meta``, all of them as one
+    JSON attribute (schema 2), in a new file or one that has it: where a value does not fit JSON
+    the file gets none (readers then read attributes one by one)."""
+    has_meta = META_ATTR in f.attrs
+    fresh = len(f.attrs) == 0
+    for key, value in attrs.items():
+        f.attrs[key] = _attr_value(value)
+    if not (fresh or has_meta):
+        return
+    try:
+        previous = json.loads(f.attrs[META_ATTR]) if has_meta else {}
+    except (TypeError, ValueError):  # damaged: closing the file must not fail for it
+        previous = None
+    meta = meta_json(previous | dict(attrs)) if isinstance(previous, dict) else None
+    if meta is not None:
+        f.attrs[META_ATTR] = meta
+    elif has_meta:
+        del f.attrs[META_ATTR]
+
+
+def meta_json(attrs: Mapping[str, Any]) -> str | None:
+    """``attrs`` as the ``meta`` attribute holds them (values as the reader decodes the attributes
+    one by one); None if one is not a scalar JSON keeps exactly."""
+    values: dict[str, object] = {}
+    for key, value in attrs.items():
+        v = value.item() if isinstance(value, np.generic) else _attr_value(value)
+        if not isinstance(v, bool | int | float | str):
+            return None
+        values[key] = v
+    return json.dumps(values, sort_keys=True)
 
 
 def _attr_value(value: Any) -> Any:
