@@ -12,26 +12,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_chaos.analysis.straggler import SLOW_COMPUTE, STEPS_READ, straggler_scores
+import numpy as np
+from scipy import stats as sps
+
+from slurm_chaos.analysis.straggler import SLOW_COMPUTE, STEPS_READ, compute_matrix, straggler_scores
 from slurm_chaos.errors import SlurmError
-from slurm_chaos.probe.reader import read_run
+from slurm_chaos.probe.reader import RunData, read_run
 from slurm_chaos.slurm.model import NodeInfo
 from slurm_chaos.slurm.protocol import Scheduler
 
 FAST_FEATURE = "fast"
 SLOW_THRESHOLD = 0.90  # a node below 90% of the fastest node's speed is "slow"
+# ...or one that delivers under 75% of the fastest node's work. Coarser, as a mean moves with every
+# descheduled step of a busy machine; it sees a node stopped part of the time (clocks throttled in
+# bursts, a duty cycle), whose median step is as fast as anyone's while it does a fraction of the work.
+WORK_THRESHOLD = 0.75
+# The share of each rank's steps left out at either end before the mean of its compute times.
+WORK_TRIM = 0.05
 BASE_WEIGHT = 1
 
 
 @dataclass(frozen=True)
 class NodeRank:
-    """One node's measured speed relative to the fastest node (1.0), over every run it appeared in."""
+    """One node's measured speed relative to the fastest node (1.0), over every run it appeared in:
+    ``score`` from its median step (the straggler test's), ``work`` from the mean (what it delivers)."""
 
     node: str
     score: float
     ranks: int
     slow: bool
     weight: int
+    work: float = 1.0
+
+
+def delivered_work(run: RunData) -> dict[int, float]:
+    """Each rank's work per second relative to the fastest rank's (1.0): the trimmed mean of its
+    compute times against the fastest rank's."""
+    compute = compute_matrix(run)
+    means = [float(sps.trim_mean(row[np.isfinite(row)], WORK_TRIM)) if len(row) else 0.0 for row in compute]
+    fastest = min(means, default=0.0)
+    return {
+        r.rank: 1.0 if m <= 0 else min(1.0, max(0.0, fastest / m))
+        for r, m in zip(run.ranks, means, strict=True)
+    }
 
 
 def probe_dirs(paths: Iterable[Path]) -> list[Path]:
@@ -48,38 +71,44 @@ def probe_dirs(paths: Iterable[Path]) -> list[Path]:
 def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> list[NodeRank]:
     """Slowest first: each node's score is its worst rank's score per run, then the median over runs."""
     per_node: dict[str, list[float]] = {}
+    work_of: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     flagged: dict[str, int] = {}
     for d in run_dirs:
         run = read_run(d, STEPS_READ)
         worst: dict[str, float] = {}
+        least: dict[str, float] = {}
+        work = delivered_work(run)
         for s in straggler_scores(run):
             worst[s.host] = min(worst.get(s.host, 1.0), s.score)
+            least[s.host] = min(least.get(s.host, 1.0), work[s.rank])
             counts[s.host] = counts.get(s.host, 0) + 1
             if s.kind == SLOW_COMPUTE:
                 flagged[s.host] = flagged.get(s.host, 0) + 1
         for host, score in worst.items():
             per_node.setdefault(host, []).append(score)
+            work_of.setdefault(host, []).append(least[host])
     ranking = []
     for node, scores in per_node.items():
-        scores.sort()
-        median = scores[len(scores) // 2]
-        # Slow: far below the fastest node, or its ranks were found computing slowly (the straggler
-        # test, which weighs the spread between ranks) in at least half of the runs.
-        slow = median < threshold or 2 * flagged.get(node, 0) >= len(scores)
+        median = sorted(scores)[len(scores) // 2]
+        delivered = sorted(work_of[node])[len(scores) // 2]
+        # Slow: far below the fastest node, delivering far less work, or its ranks were found computing
+        # slowly (the straggler test, which weighs the spread between ranks) in at least half of the runs.
+        slow = median < threshold or delivered < WORK_THRESHOLD or 2 * flagged.get(node, 0) >= len(scores)
         # Weight grows with slowness: 1 for full speed, up to 100 for a node at a tenth of it.
-        weight = BASE_WEIGHT if not slow else max(2, min(100, round(BASE_WEIGHT / max(median, 0.01))))
-        ranking.append(NodeRank(node, median, counts[node], slow, weight))
-    return sorted(ranking, key=lambda r: (r.score, r.node))
+        speed = min(median, delivered)
+        weight = BASE_WEIGHT if not slow else max(2, min(100, round(BASE_WEIGHT / max(speed, 0.01))))
+        ranking.append(NodeRank(node, median, counts[node], slow, weight, delivered))
+    return sorted(ranking, key=lambda r: (min(r.score, r.work), r.node))
 
 
 def format_ranking(ranking: list[NodeRank]) -> str:
-    lines = [f"{'NODE':<16} {'SPEED':>6} {'RANKS':>5}  {'PROPOSAL'}"]
+    lines = [f"{'NODE':<16} {'SPEED':>6} {'WORK':>6} {'RANKS':>5}  {'PROPOSAL'}"]
     for r in ranking:
         proposal = (
             f"Weight={r.weight}, remove feature '{FAST_FEATURE}'" if r.slow else f"feature '{FAST_FEATURE}'"
         )
-        lines.append(f"{r.node:<16} {r.score:>6.2f} {r.ranks:>5}  {proposal}")
+        lines.append(f"{r.node:<16} {r.score:>6.2f} {r.work:>6.2f} {r.ranks:>5}  {proposal}")
     return "\n".join(lines)
 
 
@@ -89,6 +118,7 @@ def ranking_json(ranking: list[NodeRank], applied: list[NodeSetting] | None = No
         {
             "node": r.node,
             "speed": r.score,
+            "work": r.work,
             "ranks": r.ranks,
             "slow": r.slow,
             "proposal": {
