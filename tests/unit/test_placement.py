@@ -31,7 +31,7 @@ def test_a_node_stopped_part_of_the_time_is_slow_although_its_median_step_is_not
     assert node1.score > 0.9  # the median step hardly moved...
     assert node1.work < 0.6 < WORK_THRESHOLD  # ...but the node does about half the work
     assert node1.slow and node1.weight >= 2
-    assert not node2.slow and node2.work == 1.0
+    assert not node2.slow and node2.work > 0.95
 
 
 def test_a_few_long_steps_do_not_make_a_node_slow(tmp_path: Path) -> None:
