@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.clock import Clock, SystemClock
@@ -22,6 +24,10 @@ from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState
 
 log = logging.getLogger(__name__)
+
+#: Alert labels that name the job, and those that name the node, an alert is about.
+JOB_LABELS = ("job_id", "jobid", "slurm_job_id")
+NODE_LABELS = ("node", "host", "hostname", "Hostname")
 
 
 def fetch_alerts(alertmanager: str, timeout: float = 3.0) -> list[dict[str, object]]:
@@ -84,9 +90,38 @@ class Watcher:
         if self.alertmanager:
             for alert in self.alerts(self.alertmanager):
                 labels = alert.get("labels")
-                alertname = labels.get("alertname") if isinstance(labels, dict) else None
-                if isinstance(alertname, str):
-                    self._add(
-                        f"alert-{alertname}", f"alert_firing:{alertname}", json.dumps(labels, sort_keys=True)
-                    )
+                if not isinstance(labels, dict) or not isinstance(labels.get("alertname"), str):
+                    continue
+                if not self.concerns_job(labels):
+                    continue
+                detail = json.dumps(labels, sort_keys=True)
+                # One observation per alert (its labels), at the time Alertmanager says it began: an
+                # alert of the same name about an earlier job neither hides this one nor counts.
+                self._add(f"alert-{detail}", f"alert_firing:{labels['alertname']}", detail, starts_at(alert))
         return info
+
+    def concerns_job(self, labels: dict[str, object]) -> bool:
+        """An alert that names a job counts only for this job; one that names a node only for this
+        job's nodes; one that names neither (cluster-wide) for every job."""
+        jobs = {str(labels[k]) for k in JOB_LABELS if k in labels}
+        if jobs:
+            return self.job_id in jobs
+        nodes = {str(labels[k]) for k in NODE_LABELS if k in labels}
+        return not nodes or bool(nodes & self.nodes_seen)
+
+
+def starts_at(alert: dict[str, object]) -> float | None:
+    """Alertmanager's ``startsAt`` (RFC 3339, nanoseconds) as Unix seconds; None if absent or malformed."""
+    text = alert.get("startsAt")
+    if not isinstance(text, str):
+        return None
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)", text)
+    if m is None:
+        return None
+    fraction = (m.group(2) or ".0")[:7]  # microseconds at most
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    try:
+        when = datetime.fromisoformat(m.group(1) + fraction + zone).timestamp()
+    except ValueError:
+        return None
+    return when if when > 0 else None  # Alertmanager's zero time: unknown
