@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from slurm_chaos.campaign.observe import Watcher, starts_at
 from slurm_chaos.clock import FakeClock
@@ -59,11 +59,11 @@ def test_an_alert_is_timed_when_alertmanager_says_it_began() -> None:
     w = watcher([alert("ClusterWide", "2026-12-03T07:09:44.5Z")])
     w.tick()
     (o,) = w.observations
-    assert o.time == datetime(2026, 12, 3, 7, 9, 44, 500000, tzinfo=timezone.utc).timestamp()
+    assert o.time == datetime(2026, 12, 3, 7, 9, 44, 500000, tzinfo=UTC).timestamp()
 
 
 def test_starts_at_parses_rfc3339_and_refuses_the_rest() -> None:
-    utc = datetime(2026, 12, 3, 7, 9, 44, 137946, tzinfo=timezone.utc).timestamp()
+    utc = datetime(2026, 12, 3, 7, 9, 44, 137946, tzinfo=UTC).timestamp()
     assert starts_at({"startsAt": "2026-12-03T07:09:44.137946123Z"}) == utc
     assert starts_at({"startsAt": "2026-12-03T08:09:44.137946+01:00"}) == utc
     assert starts_at({"startsAt": "2026-12-03T07:09:44Z"}) == utc - 0.137946
