@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -243,18 +243,26 @@ def test_stop_cancels_waits_and_settles(
 # ------------------------------------------------------------------ requeue, resume, time budget
 
 
-def requeued_once(sub: Submission) -> list[JobInfo]:
-    """A fault job that loses its rack: requeued, then runs again under the other switch."""
-    if sub.script is None or "fault" not in sub.script.name:
-        return simple(sub)
-    return [
-        JobInfo("", "job", JobState.PENDING),
-        *running(10),
-        JobInfo("", "job", JobState.REQUEUED, nodes=NODES, restarts=1),
-        JobInfo("", "job", JobState.PENDING, restarts=1),
-        *running(5, ("n05", "n06"), restarts=1),
-        JobInfo("", "job", JobState.COMPLETED, nodes=("n05", "n06"), restarts=1),
-    ]
+def requeued(before: int, after: int, nodes: tuple[str, ...]) -> Callable[[Submission], list[JobInfo]]:
+    """A fault job that runs for `before` polls, is requeued, then runs `after` polls on `nodes`."""
+
+    def lifecycle(sub: Submission) -> list[JobInfo]:
+        if sub.script is None or "fault" not in sub.script.name:
+            return simple(sub)
+        return [
+            JobInfo("", "job", JobState.PENDING),
+            *running(before),
+            JobInfo("", "job", JobState.REQUEUED, nodes=NODES, restarts=1),
+            JobInfo("", "job", JobState.PENDING, restarts=1),
+            *running(after, nodes, restarts=1),
+            JobInfo("", "job", JobState.COMPLETED, nodes=nodes, restarts=1),
+        ]
+
+    return lifecycle
+
+
+# A fault job that loses its rack: requeued, then runs again under the other switch.
+requeued_once = requeued(10, 5, ("n05", "n06"))
 
 
 def test_requeue_is_watched_through_and_the_new_switch_checked(
@@ -492,18 +500,8 @@ def test_a_spec_with_both_a_delay_and_a_step_is_refused(
     assert fake.submissions == [] and not (tmp_path / "run").exists()
 
 
-def requeued_after_drain(sub: Submission) -> list[JobInfo]:
-    """A fault job that keeps running (held) until it is requeued off its drained node."""
-    if sub.script is None or "fault" not in sub.script.name:
-        return simple(sub)
-    return [
-        JobInfo("", "job", JobState.PENDING),
-        *running(30),
-        JobInfo("", "job", JobState.REQUEUED, nodes=NODES, restarts=1),
-        JobInfo("", "job", JobState.PENDING, restarts=1),
-        *running(30, ("n03", "n04"), restarts=1),
-        JobInfo("", "job", JobState.COMPLETED, nodes=("n03", "n04"), restarts=1),
-    ]
+# A fault job that keeps running (held) until it is requeued off its drained node.
+requeued_after_drain = requeued(30, 30, ("n03", "n04"))
 
 
 def test_a_held_fault_job_is_released_once_what_it_waits_for_was_seen(
