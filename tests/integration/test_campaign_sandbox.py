@@ -9,12 +9,18 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from slurm_chaos.experiment import load_experiment
+from slurm_chaos.probe.reader import read_run
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
+
+# numa-mismatch: the least rise of every rank's median compute time over the baseline ranks' median
+# (x1.40 to x1.75 seen in fresh roots; four ranks on one core instead of two would be x2).
+NUMA_COMPUTE_RISE = 1.2
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -48,9 +54,15 @@ def test_numa_mismatch_run_measures_the_regression(sandbox, chaos_site: Path, tm
     (entry,) = report["experiments"]
     assert entry["name"] == "numa-mismatch"
     assert entry["verdict"] in ("PASSED", "BLIND SPOT")
-    # Squeezing the ranks onto one CPU slows training measurably, whatever monitoring saw.
-    assert entry["significant"] is True
-    assert entry["ci_low"] > 0
+    # Squeezing the ranks onto one CPU slows their compute, whatever monitoring saw: every rank's
+    # median compute time rises by far more than runs differ. The step time moves less (+14% to
+    # +24% seen: the all-reduce's share does not need the CPU), and a between-run test of that was
+    # not significant in 2 of 4 fresh roots (#11: in-job schedules), so it is reported, not asserted.
+    exp_dir = out / "experiments" / "numa-mismatch"
+    base = np.median(read_run(exp_dir / "baseline").matrix("compute_time"), axis=1)
+    fault = np.median(read_run(exp_dir / "fault").matrix("compute_time"), axis=1)
+    assert len(fault) == 4 and (fault > NUMA_COMPUTE_RISE * np.median(base)).all(), (base, fault)
+    assert entry["regression"] > 0, entry["reason"]
     assert _node_snapshot(sandbox.env) == before
 
 
