@@ -40,6 +40,8 @@ _UNREACHABLE = re.compile(
     re.IGNORECASE,
 )
 _INVALID_JOB = re.compile(r"Invalid job id specified", re.IGNORECASE)
+# What the node-side hooks have always taken for "the controller no longer knows the job: it ended".
+_ENDED_JOB = re.compile(r"Invalid job id")
 _NO_TOPOLOGY = re.compile(r"No topology information available", re.IGNORECASE)
 _TIMED_OUT = 124
 _NOT_FOUND = 127
@@ -134,6 +136,19 @@ class SlurmCLI:
         argv = ["squeue", "--noheader", "--states=all", f"--nodelist={','.join(nodes)}", f"--Format={fmt}"]
         return parse.holders(parse.parse_node_jobs(self._check(self._run(argv)).stdout), job_id)
 
+    def job_running(self, job_id: str) -> bool | None:
+        # Not through _run: its unreachable mapping would hide an "Invalid job id" that follows a
+        # retried timeout in stderr, and every other failure (no answer, no squeue) is "cannot tell".
+        argv = ["squeue", "-h", "-j", job_id, "-o", "%T"]
+        done = self.runner(argv, timeout=self.timeout, env=dict(self.env))
+        if done.ok:
+            return parse.parse_job_running(done.stdout)
+        return False if _ENDED_JOB.search(done.stderr) else None
+
+    def time_left(self, job_id: str) -> float | None:
+        done = self._check(self._run(["squeue", "-h", "-j", job_id, "-o", "%L"]))
+        return parse.parse_time_left(done.stdout)
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = [str(j) for j in job_ids]
         if ids:
@@ -164,6 +179,14 @@ class SlurmCLI:
         if missing:
             raise SlurmError(f"unknown node(s): {parse.compress_hostlist(missing)}")
         return {n: found[n] for n in wanted}
+
+    def node(self, name: str) -> NodeInfo:
+        # One node's text record in every version: no version query, no other node's record.
+        done = self._check(self._run(["scontrol", "-o", "show", "node", name]))
+        found = parse.parse_scontrol_nodes(done.stdout)
+        if name not in found:
+            raise SlurmError(f"node {name}: not found")
+        return found[name]
 
     def drain(self, node: str, reason: str) -> None:
         if not reason.strip():

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from slurm_chaos.errors import SlurmError
+from slurm_chaos.errors import SlurmError, SlurmUnreachable
 from slurm_chaos.slurm import parse
 from slurm_chaos.slurm.model import (
     AcctRecord,
@@ -33,7 +33,10 @@ QUERIES = frozenset(
         "version",
         "poll",
         "job_record",
+        "job_running",
+        "time_left",
         "nodes",
+        "node",
         "reservation",
         "reservations",
         "partitions",
@@ -69,6 +72,14 @@ class FakeScheduler:
     reservation_table: dict[str, ReservationInfo] = field(default_factory=dict)
     slurm_version: str = "24.11.1"
     fail_submit: str | None = None
+    #: What the node-side questions answer for a job, ahead of its lifecycle (None: cannot tell).
+    running: dict[str, bool | None] = field(default_factory=dict)
+    #: Seconds left by each job's time limit (None: no limit); a job not here is not known.
+    time_limits: dict[str, float | None] = field(default_factory=dict)
+    #: Set, the controller does not answer: job_running says None, time_left and node raise this.
+    unreachable: str | None = None
+    #: Set, every node update (drain, resume, down, weight, features) fails with this message.
+    fail_update: str | None = None
     calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
     submissions: list[Submission] = field(default_factory=list)
     _frames: dict[str, list[JobInfo]] = field(default_factory=dict)
@@ -143,6 +154,25 @@ class FakeScheduler:
         self._call("job_record", job_id)
         raise SlurmError(f"job {job_id}: not known to the controller")
 
+    def job_running(self, job_id: str) -> bool | None:
+        self._call("job_running", job_id)
+        if self.unreachable is not None:
+            return None
+        if job_id in self.running:
+            return self.running[job_id]
+        frames = self._frames.get(job_id)
+        if not frames:
+            return False  # the controller does not know it: it ended long ago
+        return frames[0].state.value not in parse.ENDED_STATES
+
+    def time_left(self, job_id: str) -> float | None:
+        self._call("time_left", job_id)
+        if self.unreachable is not None:
+            raise SlurmUnreachable(self.unreachable)
+        if job_id not in self.time_limits:
+            raise SlurmError("slurm_load_jobs error: Invalid job id specified")
+        return self.time_limits[job_id]
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = tuple(job_ids)
         self._call("cancel", ids)
@@ -164,7 +194,17 @@ class FakeScheduler:
             raise SlurmError(f"unknown node(s): {parse.compress_hostlist(missing)}")
         return {n: self.node_table[n] for n in wanted}
 
+    def node(self, name: str) -> NodeInfo:
+        self._call("node", name)
+        if self.unreachable is not None:
+            raise SlurmUnreachable(self.unreachable)
+        if name not in self.node_table:
+            raise SlurmError(f"node {name}: not found")
+        return self.node_table[name]
+
     def _set(self, node: str, **changes: object) -> None:
+        if self.fail_update is not None:
+            raise SlurmError(self.fail_update)
         if node not in self.node_table:
             raise SlurmError(f"unknown node {node}")
         self.node_table[node] = replace(self.node_table[node], **changes)  # type: ignore[arg-type]

@@ -143,6 +143,28 @@ def parse_sbatch_parsable(stdout: str) -> str:
     return job_id
 
 
+#: Job states (squeue %T) after which nothing of the job runs on its nodes any more: the terminal
+#: ones, and a job back in the queue (pending, requeued, special exit), whose processes are gone too.
+ENDED_STATES = frozenset(
+    {s.value for s in JobState if s.is_terminal} | {"PENDING", "REQUEUED", "SPECIAL_EXIT"}
+)
+
+
+def parse_job_running(stdout: str) -> bool:
+    """`squeue -h -j J -o %T` -> whether the job still runs on its nodes (no line: it ended)."""
+    state = stdout.strip().split("\n")[0].strip()
+    return bool(state) and state not in ENDED_STATES
+
+
+def parse_time_left(text: str) -> float | None:
+    """squeue %L ('1-02:03:04', '05:00', 'UNLIMITED') in seconds; None when there is no limit."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
 def parse_time(text: str) -> datetime | None:
     """Slurm's ISO local time (`2026-11-30T04:49:06`) -> aware UTC datetime; `Unknown`/`None` -> None."""
     text = text.strip()

@@ -42,6 +42,17 @@ class Scheduler(Protocol):
         oversubscription, array and het membership, admin comment); SlurmError if it has none."""
         ...
 
+    def job_running(self, job_id: str) -> bool | None:
+        """Whether anything of the job still runs on its nodes: False once it ended (or is pending,
+        requeued, or no longer known to the controller), None when the controller cannot tell.
+        Never raises: node-side code (the agent's watchdog, cleanup) keeps faults on None."""
+        ...
+
+    def time_left(self, job_id: str) -> float | None:
+        """Seconds until the job's time limit ends it; None when it has no limit.
+        SlurmError when the controller cannot tell (unreachable, or the job is not known)."""
+        ...
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         """Cancel jobs (already finished ones are ignored)."""
         ...
@@ -52,6 +63,11 @@ class Scheduler(Protocol):
 
     def nodes(self, names: Iterable[str] | None = None) -> dict[str, NodeInfo]:
         """Node state, reason and hardware, for the named nodes or all of them."""
+        ...
+
+    def node(self, name: str) -> NodeInfo:
+        """One node, asked about alone (its own health check asks on every run, so the controller
+        never sends every node's record); SlurmError if it is unknown or the controller cannot tell."""
         ...
 
     def drain(self, node: str, reason: str) -> None:

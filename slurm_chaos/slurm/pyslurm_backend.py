@@ -128,6 +128,17 @@ class PyslurmScheduler:
             jobs.update({j: parse.acct_to_job(r) for j, r in runs.items() if j in gone})
         return {j: jobs[j] for j in ids if j in jobs}
 
+    # The node-side questions (agent, cleanup, health check) go through the CLI, as they always did.
+
+    def job_running(self, job_id: str) -> bool | None:
+        return self.cli.job_running(job_id)
+
+    def time_left(self, job_id: str) -> float | None:
+        return self.cli.time_left(job_id)
+
+    def node(self, name: str) -> NodeInfo:
+        return self.cli.node(name)
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         for job_id in job_ids:
             self._call(f"cancel {job_id}", self.pyslurm.Job(int(job_id)).cancel)

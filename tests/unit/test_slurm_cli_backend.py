@@ -13,7 +13,9 @@ from slurm_chaos.errors import SlurmError, SlurmUnreachable
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm import select
 from slurm_chaos.slurm.cli_backend import SlurmCLI
+from slurm_chaos.slurm.fake import FakeScheduler
 from slurm_chaos.slurm.model import JobState
+from slurm_chaos.slurm.protocol import Scheduler
 from slurm_chaos.slurm.pyslurm_backend import PyslurmScheduler
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -253,6 +255,80 @@ def test_drain_needs_a_reason_and_reports_slurms_refusal() -> None:
         cli.drain("node1", " ")
     with pytest.raises(SlurmError, match="slurm_update error: Invalid node name specified"):
         cli.drain("node9", "x")
+
+
+# ------------------------------------------------------------------ the node side's questions
+
+
+def test_job_running_tells_ended_from_cannot_tell() -> None:
+    answers = {
+        "1": lambda a: ok(a, "RUNNING\n"),
+        "2": lambda a: ok(a, "COMPLETED\n"),
+        "3": lambda a: recorded_failure(a, V22 / "squeue_unknown_job.stderr"),
+        "4": lambda a: recorded_failure(a, V22 / "unreachable_squeue.stderr"),
+        "5": lambda a: Completed(a, 124, "", "timed out after 8 s"),
+        "6": lambda a: Completed(a, 1, "", "squeue: error: something else"),
+    }
+    runner = FakeRunner(lambda a: answers[a[3]](a))
+    cli = SlurmCLI(ENV, runner)
+    assert [cli.job_running(j) for j in "123456"] == [True, False, False, None, None, None]
+    assert runner.calls[0] == ("squeue", "-h", "-j", "1", "-o", "%T")  # no version query first
+
+
+def test_job_running_an_unknown_job_after_a_retried_timeout_has_ended() -> None:
+    # squeue retries on its own: a timeout line before the final answer does not make it "cannot tell".
+    stderr = (
+        "squeue: error: slurm_receive_msg: Socket timed out on send/recv operation\n"
+        "slurm_load_jobs error: Invalid job id specified\n"
+    )
+    cli = SlurmCLI(ENV, FakeRunner(lambda a: Completed(a, 1, "", stderr)))
+    assert cli.job_running("3") is False
+
+
+def test_time_left_or_cannot_tell() -> None:
+    answers = {"1": lambda a: ok(a, "1-00:00:00\n"), "2": lambda a: ok(a, "UNLIMITED\n")}
+    answers["3"] = lambda a: recorded_failure(a, V22 / "squeue_unknown_job.stderr")
+    answers["4"] = lambda a: recorded_failure(a, V22 / "unreachable_squeue.stderr")
+    runner = FakeRunner(lambda a: answers[a[3]](a))
+    cli = SlurmCLI(ENV, runner)
+    assert cli.time_left("1") == 86400.0 and cli.time_left("2") is None
+    with pytest.raises(SlurmError, match="Invalid job id"):
+        cli.time_left("3")
+    with pytest.raises(SlurmUnreachable):
+        cli.time_left("4")
+    with pytest.raises(SlurmUnreachable):
+        SlurmCLI(ENV, FakeRunner(lambda a: Completed(a, 124, "", "timed out after 8 s"))).time_left("1")
+    assert runner.calls[0] == ("squeue", "-h", "-j", "1", "-o", "%L")
+
+
+def test_one_node_is_asked_about_alone() -> None:
+    lines = (V22 / "scontrol_show_node_oneliner.txt").read_text().splitlines()
+
+    def respond(argv: tuple[str, ...]) -> Completed:
+        found = [line for line in lines if line.startswith(f"NodeName={argv[-1]} ")]
+        return ok(argv, "\n".join(found)) if found else Completed(argv, 1, "", f"Node {argv[-1]} not found")
+
+    runner = FakeRunner(respond)
+    cli = SlurmCLI(ENV, runner)
+    node = cli.node("node4")
+    assert node.drain and node.reason == "h-slurm: disk check failed"
+    assert runner.calls == [("scontrol", "-o", "show", "node", "node4")]
+    with pytest.raises(SlurmError, match="Node node9 not found"):
+        cli.node("node9")
+
+
+def test_pyslurm_leaves_the_node_sides_questions_to_the_cli() -> None:
+    runner = FakeRunner(lambda a: ok(a, "RUNNING\n" if a[-1] == "%T" else "05:00\n"))
+    pyslurm = SimpleNamespace(RPCError=RuntimeError)
+    scheduler = PyslurmScheduler(pyslurm, SlurmCLI(ENV, runner))  # type: ignore[arg-type]
+    assert scheduler.job_running("7") is True and scheduler.time_left("7") == 300.0
+    assert [c[0] for c in runner.calls] == ["squeue", "squeue"]
+
+
+@pytest.mark.parametrize("implementation", [SlurmCLI, PyslurmScheduler, FakeScheduler])
+def test_every_implementation_answers_every_scheduler_question(implementation: type) -> None:
+    wanted = {name for name in vars(Scheduler) if not name.startswith("_")}
+    assert wanted <= set(dir(implementation)), wanted - set(dir(implementation))
 
 
 @pytest.mark.parametrize(("folder", "command"), [(V22, ("sinfo", "--json")), (V24, ("scontrol", "--json"))])

@@ -69,6 +69,31 @@ def test_job_state_words() -> None:
 # ------------------------------------------------------------------ squeue
 
 
+def test_time_left_parsing() -> None:
+    assert parse.parse_time_left("1-02:03:04") == 93784.0
+    assert parse.parse_time_left("05:00") == 300.0
+    assert parse.parse_time_left("2:00:00\n") == 7200.0
+    assert parse.parse_time_left("UNLIMITED") is None
+    assert parse.parse_time_left("NOT_SET") is None and parse.parse_time_left("") is None
+
+
+def test_job_running_from_its_state_word() -> None:
+    assert parse.parse_job_running("RUNNING\n") and parse.parse_job_running("COMPLETING\n")
+    assert parse.parse_job_running("SUSPENDED\n")  # its processes are still on the nodes
+    for ended in ("COMPLETED", "CANCELLED", "TIMEOUT", "PENDING", "REQUEUED", ""):
+        assert not parse.parse_job_running(f"{ended}\n"), ended
+    # squeue -j of an array's id lists every task: the first line answers, as the hooks always read it.
+    assert parse.parse_job_running("RUNNING\nPENDING\n") and not parse.parse_job_running("PENDING\nRUNNING\n")
+
+
+def test_ended_states_are_the_terminal_ones_and_a_job_back_in_the_queue() -> None:
+    # The words the node-side hooks have always taken for "nothing of the job runs here any more".
+    assert parse.ENDED_STATES == {
+        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+        "PREEMPTED", "TIMEOUT", "REQUEUED", "PENDING", "REVOKED", "SPECIAL_EXIT",
+    }  # fmt: skip
+
+
 @pytest.mark.parametrize("path", [V22 / "squeue.json", V24 / "squeue.json"], ids=["22.05", "24.11"])
 def test_squeue_json_live_jobs(path: Path) -> None:
     jobs = parse.parse_squeue_json(text(path))
