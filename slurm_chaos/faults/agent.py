@@ -19,7 +19,6 @@ import argparse
 import logging
 import logging.handlers
 import os
-import re
 import signal
 import sys
 import time
@@ -28,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from slurm_chaos.errors import ChaosError
+from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - registries
 from slurm_chaos.faults.catalogue import Where
-from slurm_chaos.faults.cleanup import cleanup, revert_journal, squeue_probe
+from slurm_chaos.faults.cleanup import cleanup, node_scheduler, revert_journal
 from slurm_chaos.faults.journal import (
     DEFAULT_ROOT,
     Journal,
@@ -46,6 +45,7 @@ from slurm_chaos.faults.node_base import APPLIERS, Controller, JobContext, log
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.hostlist import expand_hostlist
 from slurm_chaos.runner import Runner, SubprocessRunner
+from slurm_chaos.slurm.protocol import Scheduler
 
 #: The watchdog's deadline when the prolog learnt no end time from slurmctld (a job without a
 #: time limit): bounded, so that faults never outlive a lost epilog and an unreachable controller
@@ -137,21 +137,12 @@ def apply_all(
 # --------------------------------------------------------------------------------- the daemon
 
 
-def parse_time_left(text: str) -> float | None:
-    """squeue %L ('1-02:03:04', '05:00', 'UNLIMITED') in seconds; None when there is no limit."""
-    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
-    if not m:
-        return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
 @dataclass
 class Watchdog:
     """Ends the agent: at the deadline, when the job has ended, or when the journal was closed."""
 
     ctx: JobContext
-    runner: Runner
+    scheduler: Scheduler
     deadline: float
     next_check: float = 0.0
     limit_known: bool = False
@@ -166,17 +157,17 @@ class Watchdog:
             return "journal closed"
         if not self.limit_known:
             self._tighten(now)
-        if squeue_probe(self.runner)(self.ctx.job_id) is False:
+        if self.scheduler.job_running(self.ctx.job_id) is False:
             return "job ended"
         return None
 
     def _tighten(self, now: float) -> None:
         # The prolog cannot see the job's time limit; the detached agent may ask the controller once.
-        res = self.runner(["squeue", "-h", "-j", self.ctx.job_id, "-o", "%L"], timeout=15)
-        if not res.ok:
-            return
+        try:
+            left = self.scheduler.time_left(self.ctx.job_id)
+        except SlurmError:
+            return  # cannot tell now: ask again at the next check
         self.limit_known = True
-        left = parse_time_left(res.stdout)
         if left is not None and now + left + TIME_LIMIT_GRACE_S < self.deadline:
             self.deadline = now + left + TIME_LIMIT_GRACE_S
             log.info(
@@ -193,7 +184,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 def run_loop(ctx: JobContext, controllers: list[Controller], runner: Runner) -> str:
     """Drive the controllers until the watchdog ends the agent; then revert unless told to stop."""
     # The first look at the job waits a little: other nodes' prologs may still be running.
-    watchdog = Watchdog(ctx, runner, ctx.deadline, next_check=time.time() + FIRST_CHECK_AFTER_S)
+    first_check = time.time() + FIRST_CHECK_AFTER_S
+    watchdog = Watchdog(ctx, node_scheduler(runner), ctx.deadline, next_check=first_check)
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     reason = "stopped"

@@ -20,25 +20,8 @@ from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_sto
 from slurm_chaos.faults.authz import GRANT_SUFFIX, expired_grants
 from slurm_chaos.faults.journal import Header, Journal, Reverted, State, UndoContext, journals, revert
 from slurm_chaos.runner import Completed, Runner
-
-#: Job states after which nothing of the job runs on its nodes any more.
-ENDED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-        "REQUEUED",
-        "PENDING",
-        "REVOKED",
-        "SPECIAL_EXIT",
-    }
-)
+from slurm_chaos.slurm.cli_backend import SlurmCLI
+from slurm_chaos.slurm.protocol import Scheduler
 
 #: (job id) -> True running, False ended, None unknown (controller unreachable).
 JobProbe = Callable[[str], "bool | None"]
@@ -99,17 +82,14 @@ def node_runner(header: Header | None, runner: Runner, proc: Path = node_proc.PR
     return NsRunner(runner, pid, mount)
 
 
-def squeue_probe(runner: Runner) -> JobProbe:
-    """Asks the controller whether a job still runs; None when it cannot tell."""
+#: How long one node-side question to the controller may take (the watchdog's loop waits on it).
+NODE_QUERY_TIMEOUT_S = 15.0
 
-    def probe(job_id: str) -> bool | None:
-        res = runner(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=15)
-        if not res.ok:
-            return False if "Invalid job id" in res.stderr else None
-        state = res.stdout.strip().split("\n")[0].strip()
-        return bool(state) and state not in ENDED_STATES
 
-    return probe
+def node_scheduler(runner: Runner) -> Scheduler:
+    """The Scheduler node-side code asks (the agent's watchdog, cleanup): the Slurm CLI through
+    `runner`, in the environment it was started with (slurmd's, for the agent), bounded per question."""
+    return SlurmCLI({}, runner, timeout=NODE_QUERY_TIMEOUT_S)
 
 
 def stale_reason(state: State, job_running: bool | None, now: float) -> str | None:
@@ -144,11 +124,11 @@ def cleanup(
     """Revert stale journals under `journal_root` (of `nodes` only, if given) and remove expired
     grants; returns what was done.
 
-    A journal is stale when its deadline passed, its job ended (asked with squeue unless
+    A journal is stale when its deadline passed, its job ended (asked of the controller unless
     `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too,
     prefixed 'FAILED:', and stay pending for the next run. A grant expires at its ``until``.
     """
-    probe = job_running or squeue_probe(runner)
+    probe = job_running or node_scheduler(runner).job_running
     t = time.time() if now is None else now
     out: list[str] = []
     for journal in journals(journal_root, nodes):

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurm_chaos.errors import ChaosError, ConfigError
+from slurm_chaos.errors import ChaosError, ConfigError, SlurmError
 from slurm_chaos.observe import checks
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, Result, Thresholds
 from slurm_chaos.probe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
@@ -30,6 +30,7 @@ from slurm_chaos.runner import Runner, SubprocessRunner
 
 if TYPE_CHECKING:
     from slurm_chaos.site import Site
+    from slurm_chaos.slurm.protocol import Scheduler
 
 REASON_PREFIX = "slurm-chaos-health:"
 CONFIG_NAME = "slurm-chaos-health.toml"
@@ -257,15 +258,21 @@ def _ours(reason: str) -> bool:
     return reason.startswith(REASON_PREFIX)
 
 
-def remediate(runner: Runner, opts: Options, results: Sequence[Result]) -> Action:
-    """Drain on a CRITICAL result, resume a node we drained once nothing is CRITICAL (NHC's rules)."""
-    from slurm_chaos.slurm.parse import parse_scontrol_nodes
+def health_scheduler(runner: Runner, opts: Options) -> Scheduler:
+    """The Slurm CLI the check asks through `runner`: slurmd's environment plus the site's
+    SLURM_CONF, each command bounded by SCONTROL_TIMEOUT_S."""
+    from slurm_chaos.slurm.cli_backend import SlurmCLI
 
-    env = {"SLURM_CONF": opts.slurm_conf} if opts.slurm_conf else None
-    show = runner(["scontrol", "-o", "show", "node", opts.node], timeout=SCONTROL_TIMEOUT_S, env=env)
-    info = parse_scontrol_nodes(show.stdout).get(opts.node) if show.ok else None
-    if info is None:
-        return Action(f"cannot read node {opts.node} from Slurm: {show.stderr.strip() or 'not found'}", False)
+    env = {"SLURM_CONF": opts.slurm_conf} if opts.slurm_conf else {}
+    return SlurmCLI(env, runner, timeout=SCONTROL_TIMEOUT_S)
+
+
+def remediate(scheduler: Scheduler, opts: Options, results: Sequence[Result]) -> Action:
+    """Drain on a CRITICAL result, resume a node we drained once nothing is CRITICAL (NHC's rules)."""
+    try:
+        info = scheduler.node(opts.node)
+    except SlurmError as exc:
+        return Action(f"cannot read node {opts.node} from Slurm: {exc}", False)
     failed = [r for r in results if r.status == CRITICAL]
     if failed:
         reason = _reason(failed[0])
@@ -273,13 +280,17 @@ def remediate(runner: Runner, opts: Options, results: Sequence[Result]) -> Actio
             return Action(f"left alone: already drained by someone else ({info.reason})")
         if info.drain and info.reason.split(":")[:2] == reason.split(":")[:2]:
             return Action("already drained by this check")
-        argv = ["scontrol", "update", f"NodeName={opts.node}", "State=DRAIN", f"Reason={reason}"]
-        done = runner(argv, timeout=SCONTROL_TIMEOUT_S, env=env)
-        return Action(f"drained: {reason}" if done.ok else f"drain failed: {done.stderr.strip()}", done.ok)
+        try:
+            scheduler.drain(opts.node, reason)
+        except SlurmError as exc:
+            return Action(f"drain failed: {exc}", False)
+        return Action(f"drained: {reason}")
     if info.drain and _ours(info.reason):
-        argv = ["scontrol", "update", f"NodeName={opts.node}", "State=RESUME"]
-        done = runner(argv, timeout=SCONTROL_TIMEOUT_S, env=env)
-        return Action("resumed" if done.ok else f"resume failed: {done.stderr.strip()}", done.ok)
+        try:
+            scheduler.resume(opts.node)
+        except SlurmError as exc:
+            return Action(f"resume failed: {exc}", False)
+        return Action("resumed")
     return Action("none")
 
 
@@ -326,7 +337,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs
         return UNKNOWN
     now = time.time()
     results = run_checks(opts, inputs, now)
-    action = remediate(runner or SubprocessRunner(), opts, results) if opts.drain else None
+    action = None
+    if opts.drain:
+        action = remediate(health_scheduler(runner or SubprocessRunner(), opts), opts, results)
     code = exit_code(results, action)
     write_state(opts, results, action, now)
     print(report(opts.node, results, action, code))

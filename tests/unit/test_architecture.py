@@ -24,10 +24,6 @@ SLURM_COMMANDS = frozenset(
 KNOWN_SLURM_CALLERS = {
     # The sandbox brings up its own daemons and reservation: exempt for good.
     "sandbox/cluster.py": 7,
-    # To move behind Scheduler next (#13): node-side hooks and the health check.
-    "faults/cleanup.py": 1,
-    "faults/agent.py": 1,
-    "observe/healthcheck.py": 3,
 }
 
 

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
+from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import agent
-from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, squeue_probe, stale_reason
+from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, node_scheduler, stale_reason
 from slurm_chaos.faults.install_hooks import install_hooks
 from slurm_chaos.faults.journal import Header, Journal, Undo
+from slurm_chaos.faults.node_base import JobContext
 from slurm_chaos.runner import Completed, FakeRunner
+from slurm_chaos.slurm.fake import FakeScheduler
 
 DEFAULT = "qdisc noqueue 0: root refcnt 2 \n"
 
@@ -34,11 +39,65 @@ class TcSim:
         return Completed(argv, 0, "", "")
 
 
-def test_time_left_parsing() -> None:
-    assert agent.parse_time_left("1-02:03:04") == 93784.0
-    assert agent.parse_time_left("05:00") == 300.0
-    assert agent.parse_time_left("2:00:00") == 7200.0
-    assert agent.parse_time_left("UNLIMITED") is None
+def watchdog(tmp_path: Path, scheduler: FakeScheduler, deadline: float) -> agent.Watchdog:
+    """The watchdog of job 7 on node1, due to look at the job now."""
+    journal = Journal(tmp_path, "node1", "7")
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    ctx = JobContext("7", "node1", ("node1", "node2"), None, None, deadline, journal, runner)
+    return agent.Watchdog(ctx, scheduler, deadline)
+
+
+def test_watchdog_tightens_its_deadline_to_the_jobs_time_limit(tmp_path: Path) -> None:
+    now = 1000.0
+    scheduler = FakeScheduler(running={"7": True}, time_limits={"7": 600.0})
+    dog = watchdog(tmp_path, scheduler, now + agent.DEFAULT_DEADLINE_S)
+    assert dog.verdict(now) is None
+    assert dog.deadline == now + 600.0 + agent.TIME_LIMIT_GRACE_S and dog.limit_known
+    # The limit is asked once; later checks only ask whether the job still runs.
+    assert dog.verdict(dog.next_check) is None
+    assert scheduler.queries == {"time_left": 1, "job_running": 2}
+    assert dog.verdict(dog.deadline) == "deadline"
+
+
+def test_watchdog_never_lengthens_its_deadline_and_keeps_it_without_a_limit(tmp_path: Path) -> None:
+    now = 1000.0
+    for left in (agent.DEFAULT_DEADLINE_S, None):
+        scheduler = FakeScheduler(running={"7": True}, time_limits={"7": left})
+        dog = watchdog(tmp_path, scheduler, now + 60.0)
+        assert dog.verdict(now) is None
+        assert dog.deadline == now + 60.0 and dog.limit_known
+
+
+def test_watchdog_asks_for_the_limit_again_while_the_controller_cannot_tell(tmp_path: Path) -> None:
+    now = 1000.0
+    scheduler = FakeScheduler(time_limits={"7": 300.0}, unreachable="Unable to contact slurm controller")
+    dog = watchdog(tmp_path, scheduler, now + agent.DEFAULT_DEADLINE_S)
+    assert dog.verdict(now) is None  # cannot tell is not ended: the faults stay
+    assert not dog.limit_known and dog.deadline == now + agent.DEFAULT_DEADLINE_S
+    scheduler.unreachable = None
+    scheduler.running["7"] = True
+    second = dog.next_check
+    assert dog.verdict(second) is None
+    assert dog.limit_known and dog.deadline == second + 300.0 + agent.TIME_LIMIT_GRACE_S
+
+
+def test_watchdog_ends_the_agent_once_the_job_ended(tmp_path: Path) -> None:
+    now = 1000.0
+    scheduler = FakeScheduler(running={"7": False})  # and the controller no longer knows its limit
+    dog = watchdog(tmp_path, scheduler, now + agent.DEFAULT_DEADLINE_S)
+    assert dog.verdict(now) == "job ended"
+    assert not dog.limit_known and dog.deadline == now + agent.DEFAULT_DEADLINE_S
+
+
+def test_watchdog_checks_less_often_for_big_jobs_and_stops_on_a_closed_journal(tmp_path: Path) -> None:
+    scheduler = FakeScheduler(running={"7": True}, time_limits={"7": None})
+    dog = watchdog(tmp_path, scheduler, 10_000.0)
+    dog.ctx = replace(dog.ctx, nodes=tuple(f"n{i}" for i in range(1000)))
+    assert dog.verdict(0.0) is None and dog.next_check == 1000 / agent.JOB_CHECK_NODES_PER_S
+    assert dog.verdict(50.0) is None and len(scheduler.calls) == 2  # not due yet: nothing asked
+    dog.ctx.journal.record("a", "x", Undo(argv=("true",)), 10_000.0)
+    dog.ctx.journal.close("test")
+    assert dog.verdict(dog.next_check) == "journal closed"
 
 
 def test_only_node_level_faults_are_the_agents() -> None:
@@ -130,19 +189,65 @@ def test_cleanup_reverts_only_stale_journals(tmp_path: Path) -> None:
     assert cleanup(tmp_path, None, runner, job_running=lambda job: False) == []
 
 
-def test_squeue_probe() -> None:
-    def respond(argv: tuple[str, ...]) -> Completed:
-        job = argv[3]
-        if job == "1":
-            return Completed(argv, 0, "RUNNING\n", "")
-        if job == "2":
-            return Completed(argv, 0, "COMPLETED\n", "")
-        if job == "3":
-            return Completed(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
-        return Completed(argv, 1, "", "Unable to contact slurm controller")
+def test_cleanup_asks_the_controller_and_reverts_only_ended_jobs(tmp_path: Path) -> None:
+    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    later = time.time() + 3600
+    for job in ("1", "2", "3"):
+        Journal(tmp_path, "node1", job).record("a", f"job {job}", Undo(argv=("undo", job)), later)
+    # Job 1 runs, job 2 ended, the controller cannot tell about job 3: only job 2's faults go.
+    scheduler = FakeScheduler(running={"1": True, "2": False, "3": None})
+    out = cleanup(tmp_path, None, runner, job_running=scheduler.job_running)
+    assert runner.calls == [("undo", "2")]
+    assert len(out) == 1 and out[0].endswith("[job no longer running]")
+    assert sorted(scheduler.called("job_running")) == [("1",), ("2",), ("3",)]
+    # Unreachable, it cannot tell about any: nothing is reverted before its deadline.
+    unreachable = FakeScheduler(running={"1": False}, unreachable="Unable to contact slurm controller")
+    assert cleanup(tmp_path, None, runner, job_running=unreachable.job_running) == []
+    assert runner.calls == [("undo", "2")]
 
-    probe = squeue_probe(FakeRunner(respond))
-    assert [probe(j) for j in "1234"] == [True, False, False, None]
+
+@dataclass
+class Squeue:
+    """Answers `squeue -h -j J -o %T` and `%L` per job; records each call's timeout and environment."""
+
+    answers: Mapping[str, Completed]
+    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> Completed:
+        self.calls.append((tuple(argv), timeout, env))
+        assert argv[:3] == ["squeue", "-h", "-j"] and argv[4] == "-o", argv
+        done = self.answers[argv[3]]
+        if argv[5] == "%L" and done.ok:
+            return Completed(tuple(argv), 0, "1:00:00\n" if done.stdout == "RUNNING\n" else "", "")
+        return replace(done, argv=tuple(argv))
+
+
+def test_the_node_side_cli_questions_tell_running_from_ended_from_cannot_tell() -> None:
+    answers = {
+        "1": Completed((), 0, "RUNNING\n", ""),
+        "2": Completed((), 0, "COMPLETED\n", ""),
+        "3": Completed((), 1, "", "slurm_load_jobs error: Invalid job id specified"),
+        "4": Completed((), 1, "", "slurm_load_jobs error: Unable to contact slurm controller"),
+        "5": Completed((), 124, "", "timed out after 15 s"),
+        "6": Completed((), 0, "", ""),
+        "7": Completed((), 0, "PENDING\n", ""),
+    }
+    runner = Squeue(answers)
+    scheduler = node_scheduler(runner)
+    assert [scheduler.job_running(j) for j in "1234567"] == [True, False, False, None, None, False, False]
+    assert runner.calls[0] == (("squeue", "-h", "-j", "1", "-o", "%T"), 15.0, {})  # slurmd's env as it is
+    assert scheduler.time_left("1") == 3600.0
+    assert runner.calls[-1] == (("squeue", "-h", "-j", "1", "-o", "%L"), 15.0, {})
+    for job in "345":
+        with pytest.raises(SlurmError):
+            scheduler.time_left(job)
 
 
 def test_node_runner_enters_namespaces_only_when_needed() -> None:

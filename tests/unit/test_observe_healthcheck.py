@@ -1,4 +1,5 @@
-"""The health check's config, NHC-style drain/resume decisions (FakeRunner), exit codes, and install."""
+"""The health check's config, NHC-style drain/resume decisions (FakeScheduler; the CLI commands they
+become through FakeRunner), exit codes, and install."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,8 @@ from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, 
 from slurm_chaos.probe.heartbeat import Heartbeat
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.site import load_site
+from slurm_chaos.slurm.fake import QUERIES, FakeScheduler
+from slurm_chaos.slurm.parse import parse_scontrol_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = (REPO / "tests/data/slurm-22.05/scontrol_show_node_oneliner.txt").read_text().splitlines()
@@ -32,6 +37,8 @@ def node_line(name: str, drained_reason: str | None = None) -> str:
 
 
 def slurm(show: str | None, update_ok: bool = True) -> FakeRunner:
+    """Slurm's CLI as the health check calls it: `scontrol -o show node` answers `show`."""
+
     def respond(argv: tuple[str, ...]) -> Completed:
         if argv[:3] == ("scontrol", "-o", "show"):
             if show is None:
@@ -44,55 +51,133 @@ def slurm(show: str | None, update_ok: bool = True) -> FakeRunner:
     return FakeRunner(respond)
 
 
+def fake(*lines: str) -> FakeScheduler:
+    """A FakeScheduler holding the nodes of recorded `scontrol -o show node` lines."""
+    return FakeScheduler(node_table=parse_scontrol_nodes("\n".join(lines)))
+
+
 OPTS = hc.Options(node="node2", slurm_conf="/sandbox/etc/slurm.conf")
 BAD = [Result("numa", OK, "fine"), Result("straggler", CRITICAL, "job 9 rank 1 computes 2.00x")]
 GOOD = [Result("numa", OK, "fine"), Result("straggler", OK, "fine")]
+OURS = "slurm-chaos-health: straggler: job 9 rank 1 computes 2.00x"
+
+
+def updates(scheduler: FakeScheduler) -> list[tuple[str, tuple[object, ...]]]:
+    return [(name, args) for name, args in scheduler.calls if name not in QUERIES]
 
 
 def test_failed_check_drains_with_our_prefix() -> None:
-    runner = slurm(node_line("node2"))
-    action = hc.remediate(runner, OPTS, BAD)
-    assert action.did.startswith("drained: slurm-chaos-health: straggler: job 9 rank 1")
-    assert runner.calls[-1] == (
-        "scontrol",
-        "update",
-        "NodeName=node2",
-        "State=DRAIN",
-        "Reason=slurm-chaos-health: straggler: job 9 rank 1 computes 2.00x",
-    )
+    scheduler = fake(node_line("node2"))
+    action = hc.remediate(scheduler, OPTS, BAD)
+    assert action.did == f"drained: {OURS}" and action.reachable
+    assert updates(scheduler) == [("drain", ("node2", OURS))]
+    assert scheduler.queries == {"node": 1}  # one node asked about, alone
+    assert scheduler.node_table["node2"].drain
 
 
 def test_node_drained_by_someone_else_is_left_alone() -> None:
-    for results in (BAD, GOOD):
-        runner = slurm(node_line("node2", OTHER_REASON))
-        action = hc.remediate(runner, OPTS, results)
-        assert [c[1] for c in runner.calls] == ["-o"]  # looked, never updated
-        assert action.did.startswith("left alone") or action.did == "none"
+    left_alone = f"left alone: already drained by someone else ({OTHER_REASON})"
+    for results, did in ((BAD, left_alone), (GOOD, "none")):
+        scheduler = fake(node_line("node2", OTHER_REASON))
+        assert hc.remediate(scheduler, OPTS, results).did == did
+        assert updates(scheduler) == []  # looked, never updated
+        assert scheduler.node_table["node2"].reason == OTHER_REASON
 
 
 def test_resume_only_once_healthy_and_only_our_own_drain() -> None:
-    ours = "slurm-chaos-health: straggler: job 9 rank 1 computes 2.00x"
-    runner = slurm(node_line("node2", ours))
-    assert hc.remediate(runner, OPTS, BAD).did == "already drained by this check"
-    assert len(runner.calls) == 1
-    runner = slurm(node_line("node2", ours))
-    assert hc.remediate(runner, OPTS, GOOD).did == "resumed"
-    assert runner.calls[-1] == ("scontrol", "update", "NodeName=node2", "State=RESUME")
+    scheduler = fake(node_line("node2", OURS))
+    assert hc.remediate(scheduler, OPTS, BAD).did == "already drained by this check"
+    assert updates(scheduler) == []
+    assert hc.remediate(scheduler, OPTS, GOOD).did == "resumed"
+    assert updates(scheduler) == [("resume", ("node2",))]
     # A WARNING (say, a missing checkpoint directory) does not keep a node drained.
-    runner = slurm(node_line("node2", ours))
-    assert hc.remediate(runner, OPTS, [Result("checkpoint", WARNING, "missing")]).did == "resumed"
+    scheduler = fake(node_line("node2", OURS))
+    assert hc.remediate(scheduler, OPTS, [Result("checkpoint", WARNING, "missing")]).did == "resumed"
+    # A healthy node nobody drained is left as it is.
+    scheduler = fake(node_line("node2"))
+    assert hc.remediate(scheduler, OPTS, GOOD).did == "none" and updates(scheduler) == []
 
 
 def test_another_failing_check_rewrites_our_reason() -> None:
-    runner = slurm(node_line("node2", "slurm-chaos-health: numa: squeezed"))
-    assert hc.remediate(runner, OPTS, BAD).did.startswith("drained: slurm-chaos-health: straggler:")
+    scheduler = fake(node_line("node2", "slurm-chaos-health: numa: squeezed"))
+    assert hc.remediate(scheduler, OPTS, BAD).did == f"drained: {OURS}"
+    assert updates(scheduler) == [("drain", ("node2", OURS))]
 
 
 def test_unreachable_controller_is_unknown() -> None:
-    action = hc.remediate(slurm(None), OPTS, BAD)
-    assert not action.reachable and "Unable to contact" in action.did
+    scheduler = fake(node_line("node2"))
+    scheduler.unreachable = "slurm_load_node error: Unable to contact slurm controller"
+    action = hc.remediate(scheduler, OPTS, BAD)
+    assert not action.reachable and "Unable to contact" in action.did and updates(scheduler) == []
     assert hc.exit_code(GOOD, action) == UNKNOWN
     assert hc.exit_code(BAD, action) == CRITICAL
+    # A node the controller does not know is as good as no answer: nothing is changed.
+    action = hc.remediate(fake(node_line("node3")), OPTS, BAD)
+    assert not action.reachable and action.did.startswith("cannot read node node2 from Slurm")
+
+
+def test_a_refused_update_is_reported() -> None:
+    scheduler = fake(node_line("node2"))
+    scheduler.fail_update = "Invalid node state specified"
+    action = hc.remediate(scheduler, OPTS, BAD)
+    assert action == hc.Action("drain failed: Invalid node state specified", False)
+    scheduler = fake(node_line("node2", OURS))
+    scheduler.fail_update = "Invalid node state specified"
+    action = hc.remediate(scheduler, OPTS, GOOD)
+    assert action == hc.Action("resume failed: Invalid node state specified", False)
+
+
+@dataclass
+class RecordingRunner:
+    """FakeRunner's answers, with the timeout and environment of every call kept."""
+
+    inner: FakeRunner
+    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> Completed:
+        self.calls.append((tuple(argv), timeout, env))
+        return self.inner(argv, timeout=timeout, env=env, input=input)
+
+
+@pytest.mark.parametrize(
+    ("show", "results", "update"),
+    [
+        (node_line("node2"), BAD, ("scontrol", "update", "NodeName=node2", "State=DRAIN", f"Reason={OURS}")),
+        (node_line("node2", OURS), GOOD, ("scontrol", "update", "NodeName=node2", "State=RESUME")),
+    ],
+)
+def test_the_cli_commands_environment_and_timeout_are_the_health_checks(
+    show: str, results: list[Result], update: tuple[str, ...]
+) -> None:
+    """Run by slurmd as root: only SLURM_CONF is added to slurmd's environment, every command is bounded."""
+    runner = RecordingRunner(slurm(show))
+    action = hc.remediate(hc.health_scheduler(runner, OPTS), OPTS, results)
+    assert action.reachable
+    env = {"SLURM_CONF": "/sandbox/etc/slurm.conf"}
+    assert runner.calls == [
+        (("scontrol", "-o", "show", "node", "node2"), hc.SCONTROL_TIMEOUT_S, env),
+        (update, hc.SCONTROL_TIMEOUT_S, env),
+    ]
+    # Without a SLURM_CONF of its own the check adds nothing to slurmd's environment.
+    runner = RecordingRunner(slurm(show))
+    hc.remediate(hc.health_scheduler(runner, hc.Options(node="node2")), hc.Options(node="node2"), results)
+    assert [c[2] for c in runner.calls] == [{}, {}]
+
+
+def test_the_cli_maps_an_unreachable_controller_and_a_refused_update() -> None:
+    action = hc.remediate(hc.health_scheduler(slurm(None), OPTS), OPTS, BAD)
+    assert not action.reachable and "Unable to contact" in action.did
+    runner = slurm(node_line("node2"), update_ok=False)
+    assert hc.remediate(hc.health_scheduler(runner, OPTS), OPTS, BAD) == hc.Action(
+        "drain failed: Invalid node state", False
+    )
 
 
 def test_exit_codes_follow_nagios() -> None:
@@ -193,7 +278,7 @@ def test_disabled_signal_is_not_checked(tmp_path: Path) -> None:
     )
     results = hc.run_checks(opts, hc.Inputs(proc=tmp_path, sys=tmp_path))
     assert "straggler" not in [r.check for r in results]
-    assert hc.remediate(slurm(node_line("node2")), opts, results).did == "none"
+    assert hc.remediate(fake(node_line("node2")), opts, results).did == "none"
 
 
 # ---------------------------------------------------------------- install
