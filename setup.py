@@ -28,6 +28,7 @@ setup(
             "suites/*.yaml",
             "faults/*.json",
             "faults/*.lua",
+            "observe/*.nhc",
         ],
         **{f"slurm_chaos.{d}": patterns for d, patterns in SHIPPED.items()},
     },

@@ -55,8 +55,13 @@ def _sandbox_up(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     cgroups = False if args.no_cgroups else None  # None: $SLURM_CHAOS_SANDBOX_CGROUPS, on by default
-    layout = Sandbox(args.name).up(nodes=args.nodes, install=not args.no_install, cgroups=cgroups)
-    print(f"sandbox {layout.name}: {layout.nodes} nodes idle after {time.monotonic() - t0:.1f} s")
+    layout = Sandbox(args.name).up(
+        nodes=args.nodes, install=not args.no_install, cgroups=cgroups, switches=args.switches
+    )
+    print(
+        f"sandbox {layout.name}: {layout.nodes} nodes on {len(layout.switches())} leaf switches "
+        f"idle after {time.monotonic() - t0:.1f} s"
+    )
     print(f"export SLURM_CONF={layout.slurm_conf}")
     return 0
 
@@ -137,10 +142,18 @@ def _add_sandbox(sub: Subparsers) -> None:
         "start munge, MariaDB, slurmdbd, slurmctld and N slurmd nodes; wait until idle",
         "Start munge, MariaDB + slurmdbd, slurmctld and N slurmd nodes, each in its own network\n"
         "namespace, and wait until every node is idle; prints the SLURM_CONF to export.",
-        "sudo slurm-chaos sandbox up --name chaos --nodes 4",
+        "sudo slurm-chaos sandbox up --name chaos --nodes 4\n"
+        "  sudo slurm-chaos sandbox up --name scale --nodes 64 --switches 4",
         _sandbox_up,
     )
-    up.add_argument("--nodes", type=int, default=4, help="number of compute nodes (default: 4)")
+    up.add_argument("--nodes", type=int, default=4, help="number of compute nodes, 1-64 (default: 4)")
+    up.add_argument(
+        "--switches",
+        type=int,
+        default=0,
+        help="leaf switches under the spine, the nodes split evenly between them in order, one rack "
+        "each (default: two nodes per leaf)",
+    )
     up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
     up.add_argument(
         "--no-cgroups",

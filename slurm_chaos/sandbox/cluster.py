@@ -90,24 +90,26 @@ class Sandbox:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _allocate(self, nodes: int, cgroups: bool) -> Layout:
+    def _allocate(self, nodes: int, cgroups: bool, switches: int = 0) -> Layout:
         host = socket.gethostname().split(".")[0]
         with self._registry_lock():
             existing = Layout.load(self.name)
             if existing is not None:
-                if (existing.nodes, existing.cgroups) != (nodes, cgroups) and self._ctld_alive(existing):
+                shape = (existing.nodes, existing.cgroups, existing.leaf_switches)
+                if shape != (nodes, cgroups, switches) and self._ctld_alive(existing):
                     raise UsageError(
-                        f"sandbox {self.name!r} is up with {existing.nodes} nodes, cgroups "
+                        f"sandbox {self.name!r} is up with {existing.nodes} nodes, "
+                        f"{len(existing.switches())} leaf switches, cgroups "
                         f"{'on' if existing.cgroups else 'off'}; "
                         f"'sandbox down --name {self.name}' first to change them"
                     )
-                layout = Layout(self.name, existing.index, nodes, host, cgroups)
+                layout = Layout(self.name, existing.index, nodes, host, cgroups, switches)
             else:
                 taken = used_indices() | self._subnets_in_use()
                 index = next((i for i in range(1, 250) if i not in taken), None)
                 if index is None:
                     raise ChaosError("no free sandbox index (subnets 10.251.1-249 all in use)")
-                layout = Layout(self.name, index, nodes, host, cgroups)
+                layout = Layout(self.name, index, nodes, host, cgroups, switches)
             layout.save()
             return layout
 
@@ -158,11 +160,15 @@ class Sandbox:
         self,
         nodes: int = 4,
         install: bool = True,
-        health_interval: int = 5,
+        health_interval: int | None = None,
         monitoring: bool = True,
         cgroups: bool | None = None,
+        switches: int = 0,
     ) -> Layout:
         """Start whatever of the sandbox is not running yet and wait until every node is idle.
+
+        `switches`: leaf switches under the spine (nodes split evenly between them in order);
+        0, two nodes per leaf.
 
         `cgroups` (default: on unless $SLURM_CHAOS_SANDBOX_CGROUPS is 0): Slurm's cgroup plugins,
         each node in a cgroup subtree of its own; off: proctrack/linuxproc and no task plugin.
@@ -173,22 +179,27 @@ class Sandbox:
             )
         if not 1 <= nodes <= MAX_NODES:
             raise UsageError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
+        if not 0 <= switches <= nodes:
+            raise UsageError(f"--switches {switches}: expected 1..{nodes} (the number of nodes)")
         t0 = time.monotonic()
         if install:
             ensure_packages(self.runner)
         if cgroups is None:
             cgroups = os.environ.get("SLURM_CHAOS_SANDBOX_CGROUPS", "1") != "0"
-        layout = self._allocate(nodes, cgroups)
+        layout = self._allocate(nodes, cgroups, switches)
         fresh = not self._ctld_alive(layout)
         if fresh:
-            self._write_configs(layout, health_interval)
+            # Every node runs the health check each interval; a site with many nodes lengthens it
+            # too (at 64 nodes, one check a second on this machine's 2 cores, not 13).
+            self._write_configs(layout, health_interval or max(5, nodes))
         self._ensure_munge(layout)
         self._ensure_network(layout)
         self._ensure_mariadb(layout)
         self._ensure_slurmdbd(layout)
         self._ensure_slurmctld(layout)
         self._ensure_slurmds(layout)
-        self._wait_idle(layout, timeout=60)
+        # slurmd registrations queue at the controller: about 0.5 s a node under load here.
+        self._wait_idle(layout, timeout=max(60, nodes))
         self._ensure_reservation(layout)
         if monitoring:
             from slurm_chaos.sandbox.monitoring import start_monitoring

@@ -11,7 +11,7 @@ from pathlib import Path
 from slurm_chaos.errors import UsageError
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,7}$")
-MAX_NODES = 16
+MAX_NODES = 64
 SUBNET_PREFIX = "10.251"
 PORT_BASE = 17000
 
@@ -41,6 +41,9 @@ class Layout:
     #: Slurm's cgroup plugins, each node in a cgroup subtree of its own (see sandbox/cgroups.py);
     #: False: proctrack/linuxproc and no task plugin, as before.
     cgroups: bool = True
+    #: Leaf switches under the spine, the nodes split evenly between them in order; 0: two nodes
+    #: per leaf (one rack each), the 4-node layout the shipped site config describes.
+    leaf_switches: int = 0
 
     @property
     def root(self) -> Path:
@@ -127,9 +130,19 @@ class Layout:
         return "chaos_maint"
 
     def switches(self) -> dict[str, list[str]]:
-        """Leaf switches of topology.conf: two nodes per leaf (one rack each)."""
+        """Leaf switches of topology.conf, one rack each: `leaf_switches` of them, or two nodes per leaf."""
         names = self.node_names()
-        return {f"sw{k // 2 + 1}": names[k : k + 2] for k in range(0, len(names), 2)}
+        if self.leaf_switches <= 0:
+            return {f"sw{k // 2 + 1}": names[k : k + 2] for k in range(0, len(names), 2)}
+        # The first `extra` leaves take one node more: 10 nodes on 4 leaves are 3, 3, 2, 2.
+        per, extra = divmod(len(names), self.leaf_switches)
+        out: dict[str, list[str]] = {}
+        start = 0
+        for k in range(self.leaf_switches):
+            size = per + (1 if k < extra else 0)
+            out[f"sw{k + 1}"] = names[start : start + size]
+            start += size
+        return out
 
     def rack_of(self, node: str) -> str:
         for sw, members in self.switches().items():
@@ -157,6 +170,7 @@ class Layout:
             return None
         data = json.loads(path.read_text())
         data.setdefault("cgroups", False)  # written before the sandbox had cgroups: it ran without
+        data.setdefault("leaf_switches", 0)
         return cls(**data)
 
 
