@@ -192,9 +192,10 @@ def _add_sandbox(sub: Subparsers) -> None:
 def _render(args: argparse.Namespace) -> int:
     from slurm_chaos.experiment import load_experiment
     from slurm_chaos.render import render_experiment
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
-    site = load_site(args.site)
+    site = load_site(args.site, site_placeholders)
     experiment = load_experiment(args.experiment, tuple(args.experiments_dir))
     for job in render_experiment(site, experiment, Path(args.out), run_id=args.run_id or "dry-run"):
         print(f"{job.role:<9} {job.script}")
@@ -219,9 +220,10 @@ def _site_init(args: argparse.Namespace) -> int:
 
 
 def _site_check(args: argparse.Namespace) -> int:
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
-    site = load_site(args.site)
+    site = load_site(args.site, site_placeholders)
     resv = f", reservation {site.slurm.reservation}" if site.slurm.reservation else ""
     print(
         f"{site.path}: cluster {site.cluster}, partition {site.slurm.partition} "
@@ -319,10 +321,12 @@ def _plugin_install(args: argparse.Namespace) -> int:
     from slurm_chaos.faults.install_hooks import site_journal_root
     from slurm_chaos.faults.plugin_install import install_plugin
     from slurm_chaos.runner import SubprocessRunner
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
-    journal = str(site_journal_root(load_site(args.site)))
-    result = install_plugin(args.site, args.prefix, SubprocessRunner(), journal_dir=journal)
+    site = load_site(args.site, site_placeholders)
+    journal = str(site_journal_root(site))
+    result = install_plugin(site, args.prefix, SubprocessRunner(), journal_dir=journal)
     print(f"installed {result.plugin_path}")
     print(f"policy {result.policy_path}")
     print(f"job_submit/lua {result.job_submit}")
@@ -332,9 +336,8 @@ def _plugin_install(args: argparse.Namespace) -> int:
     from slurm_chaos.faults.install_hooks import install_site_hooks
     from slurm_chaos.observe.healthcheck import install_healthcheck
 
-    for path in install_site_hooks(args.site):
+    for path in install_site_hooks(site):
         print(f"hook {path}")
-    site = load_site(args.site)
     if site.slurm.hooks_dir:
         print(f"health check {install_healthcheck(Path(site.slurm.hooks_dir), site)}")
     return 0
@@ -467,6 +470,7 @@ def _rank_nodes(args: argparse.Namespace) -> int:
         ranking_json,
     )
     from slurm_chaos.runner import SubprocessRunner
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
     from slurm_chaos.slurm.backend import make_scheduler
 
@@ -480,7 +484,7 @@ def _rank_nodes(args: argparse.Namespace) -> int:
     if args.apply:
         if not args.site:
             raise UsageError("--apply needs --site")
-        site = load_site(args.site)
+        site = load_site(args.site, site_placeholders)
         scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
         applied = proposals(ranking, scheduler.nodes([r.node for r in ranking]))
         apply_settings(scheduler, applied)

@@ -905,10 +905,11 @@ def check_site(
     site_path: Path | str, nodes: Iterable[str] | None = None, runner: Runner | None = None
 ) -> Report:
     """Audit the installation of a site: the controller (here) and each node named (default: all)."""
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
     from slurm_chaos.slurm.backend import make_scheduler
 
-    site = load_site(site_path)
+    site = load_site(site_path, site_placeholders)
     names = site_nodes(site, nodes)
     runner = runner or SubprocessRunner(base_env=site.slurm_env())
     config = make_scheduler(site.slurm_env(), runner).cluster_config()

@@ -3,13 +3,19 @@
 Errors name the file, the key (as a dotted path) and what was expected, and exit 2. A value that
 is still a `TODO: ...` string (as `slurm-chaos site init` leaves what Slurm cannot tell) is an
 error too, with every such key listed.
+
+A sandbox site's string values may hold `${name}` placeholders (`${sandbox_etc}/plugstack.conf`).
+They are filled in after the schema check, from values the caller gives (load_site's
+`placeholders`): this module reads no live state, so a bad key is reported as such whether or
+not the sandbox is up.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import string
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,6 +31,11 @@ from slurm_chaos.paths import path_problem
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "site.schema.json"
 # A value someone still has to fill in; what follows says what.
 TODO = "TODO:"
+# `${name}` in a string value: filled in after the schema check, from values the caller gives.
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+#: The values of a site's placeholders, given the name of the sandbox it describes; None when that
+#: sandbox is not up.
+PlaceholderValues = Callable[[str], Mapping[str, str] | None]
 
 
 @dataclass(frozen=True)
@@ -191,59 +202,71 @@ def _check_filled_in(path: Path, data: dict[str, Any]) -> None:
     raise ConfigError(str(path), key, f"still TODO: {what}{also}{more}")
 
 
-def _substitute(raw: str, path: Path, sandbox: str | None) -> str:
-    """Expand ${sandbox_*} placeholders when the site describes a running sandbox."""
-    if "${" not in raw:
-        return raw
-    values: dict[str, str] = {}
-    if sandbox:
-        from slurm_chaos.sandbox.layout import Layout
-
-        layout = Layout.load(sandbox)
-        if layout is None:
-            raise ConfigError(
-                str(path),
-                "sandbox",
-                f"sandbox {sandbox!r} is not up (run 'slurm-chaos sandbox up --name {sandbox}')",
-            )
-        values = {
-            "sandbox_root": str(layout.root),
-            "sandbox_shared": str(layout.shared_dir),
-            "sandbox_slurm_conf": str(layout.slurm_conf),
-            "sandbox_etc": str(layout.etc),
-            "prometheus_port": str(layout.prometheus_port),
-            "alertmanager_port": str(layout.alertmanager_port),
-            "reservation": layout.reservation,
-        }
-    try:
-        return string.Template(raw).substitute(values)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(
-            str(path), "", f"unknown placeholder {exc} (known: {', '.join(sorted(values))})"
-        ) from exc
+def _placeholder_keys(data: Any, key: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(dotted key, placeholder name) of every `${name}` in the string values of a site config."""
+    if isinstance(data, str):
+        return [(".".join(key), m.group(1)) for m in _PLACEHOLDER.finditer(data)]
+    if isinstance(data, dict):
+        return [t for k, v in data.items() for t in _placeholder_keys(v, (*key, str(k)))]
+    if isinstance(data, list):
+        return [t for i, v in enumerate(data) for t in _placeholder_keys(v, (*key, str(i)))]
+    return []
 
 
-def _sandbox_name(raw: str) -> str | None:
+def resolve_placeholders(path: Path, data: Any, values: Mapping[str, str]) -> Any:
+    """`data` with every `${name}` in its string values replaced by `values[name]`; a placeholder
+    `values` lacks is a ConfigError naming its key. Pure: the values come from the caller."""
+    for key, name in _placeholder_keys(data):
+        if name not in values:
+            known = ", ".join(sorted(values)) or "none: only a site that names its sandbox has any"
+            raise ConfigError(str(path), key, f"unknown placeholder ${{{name}}} (known: {known})")
+    return _substitute(data, values)
+
+
+def _substitute(data: Any, values: Mapping[str, str]) -> Any:
+    if isinstance(data, str):
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], data)
+    if isinstance(data, dict):
+        return {k: _substitute(v, values) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_substitute(v, values) for v in data]
+    return data
+
+
+def _sandbox_name(data: dict[str, Any]) -> str | None:
     """The sandbox a site file describes; $SLURM_CHAOS_SANDBOX overrides it (tests use their own)."""
-    override = os.environ.get("SLURM_CHAOS_SANDBOX")
-    try:
-        data = yaml.safe_load(raw.replace("${", "$_{"))
-    except yaml.YAMLError:
-        return None
-    name = data.get("sandbox") if isinstance(data, dict) else None
+    name = data.get("sandbox")
     if not isinstance(name, str):
         return None
-    return override or name
+    return os.environ.get("SLURM_CHAOS_SANDBOX") or name
 
 
-def load_site(path: Path | str) -> Site:
-    """Read and validate a site config; raises ConfigError naming the file and the key."""
-    path = Path(path)
+def _placeholder_values(
+    path: Path, sandbox: str | None, values_of: PlaceholderValues | None
+) -> Mapping[str, str]:
+    if sandbox is None:
+        return {}
+    if values_of is None:
+        raise ConfigError(
+            str(path), "sandbox", f"loaded without the values of sandbox {sandbox!r}'s placeholders"
+        )
+    values = values_of(sandbox)
+    if values is None:
+        raise ConfigError(
+            str(path),
+            "sandbox",
+            f"sandbox {sandbox!r} is not up (run 'slurm-chaos sandbox up --name {sandbox}')",
+        )
+    return values
+
+
+def _checked_data(path: Path) -> dict[str, Any]:
+    """A site config's YAML, checked against the schema (TODO values included), placeholders left
+    as they are: what is wrong with the file is reported whatever state the cluster is in."""
     try:
         raw = path.read_text()
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read site config: {exc.strerror}") from exc
-    raw = _substitute(raw, path, _sandbox_name(raw))
     try:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
@@ -258,7 +281,22 @@ def load_site(path: Path | str) -> Site:
     if errors:
         key, problem = _describe(errors[0])
         raise ConfigError(str(path), key, problem)
-    return _build(path, data)
+    return data
+
+
+def load_site(path: Path | str, placeholders: PlaceholderValues | None = None) -> Site:
+    """Read and validate a site config; raises ConfigError naming the file and the key.
+
+    The file is checked first, against the schema; only then are its `${name}` placeholders filled
+    in, from `placeholders(sandbox)` when the site names a sandbox (the commands pass
+    slurm_chaos.sandbox.layout.site_placeholders, which reads the running sandbox).
+    """
+    path = Path(path)
+    data = _checked_data(path)
+    sandbox = _sandbox_name(data)
+    if _placeholder_keys(data):
+        data = resolve_placeholders(path, data, _placeholder_values(path, sandbox, placeholders))
+    return _build(path, data, sandbox)
 
 
 def _nodes(path: Path, key: str, expr: str) -> tuple[str, ...]:
@@ -285,7 +323,7 @@ def _checkpoint_roots(path: Path, d: dict[str, Any]) -> tuple[str, ...]:
     return tuple(root for _, root in keyed)
 
 
-def _build(path: Path, d: dict[str, Any]) -> Site:
+def _build(path: Path, d: dict[str, Any], sandbox: str | None) -> Site:
     partitions = {
         name: _nodes(path, f"partitions.{name}.nodes", p["nodes"]) for name, p in d["partitions"].items()
     }
@@ -355,7 +393,7 @@ def _build(path: Path, d: dict[str, Any]) -> Site:
         path=path,
         cluster=d["cluster"],
         description=d.get("description", ""),
-        sandbox=_sandbox_name(yaml.safe_dump(d)),
+        sandbox=sandbox,
         slurm=slurm,
         partitions=partitions,
         racks=racks,

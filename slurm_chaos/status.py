@@ -70,6 +70,7 @@ def status_json(manifest: Manifest, live: dict[str, str]) -> dict[str, Any]:
 def live_states(manifest: Manifest) -> dict[str, str]:
     """Current state of the run's unfinished jobs, in one query; empty when Slurm cannot say."""
     from slurm_chaos.runner import SubprocessRunner
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
     from slurm_chaos.slurm.backend import make_scheduler
 
@@ -77,7 +78,7 @@ def live_states(manifest: Manifest) -> dict[str, str]:
     if not open_jobs:
         return {}
     try:
-        site = load_site(manifest.site)
+        site = load_site(manifest.site, site_placeholders)
         scheduler = make_scheduler(site.slurm_env(), SubprocessRunner())
         return {job_id: info.state.value for job_id, info in scheduler.poll(open_jobs).items()}
     except ChaosError as exc:

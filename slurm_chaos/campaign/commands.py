@@ -21,6 +21,7 @@ from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
 from slurm_chaos.rundir import CONTROLLER_JOURNAL, read_manifest
 from slurm_chaos.runner import SubprocessRunner
+from slurm_chaos.sandbox.layout import site_placeholders
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.backend import Scheduler, make_scheduler
 from slurm_chaos.slurm.model import JobState
@@ -131,7 +132,7 @@ def start(
 ) -> Campaign | str:
     """The campaign ready to run, or the plan's text for a dry run; `connection` opens the cluster
     (tests pass a fake scheduler and clock)."""
-    site = load_site(opts.site)
+    site = load_site(opts.site, site_placeholders)
     if suite is not None:
         experiments = load_suite(suite, opts.experiments_dirs)
     assert experiments is not None
@@ -194,7 +195,7 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
     from slurm_chaos.faults.cleanup import cleanup
     from slurm_chaos.faults.install_hooks import site_journal_root
 
-    site = load_site(site_path)
+    site = load_site(site_path, site_placeholders)
     runner = SubprocessRunner(base_env=site.slurm_env())
     done = cleanup(site_journal_root(site), nodes, runner)
     if run_dir is not None:

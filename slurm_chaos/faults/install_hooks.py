@@ -30,7 +30,7 @@ from slurm_chaos.faults.cleanup import TIDY_NAME
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME
 from slurm_chaos.resources import import_root
-from slurm_chaos.site import Site, load_site
+from slurm_chaos.site import Site
 
 HOOK_NAME = "50-slurm-chaos"
 DEFAULT_LOG = Path("/var/log/slurm-chaos/agent.log")
@@ -258,11 +258,10 @@ def site_agent_log(site: Site) -> Path:
     return DEFAULT_LOG
 
 
-def install_site_hooks(site_path: Path | str, python: str = sys.executable) -> list[Path]:
+def install_site_hooks(site: Site, python: str = sys.executable) -> list[Path]:
     """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root()."""
-    site = load_site(site_path)
     if not site.slurm.hooks_dir:
-        raise ConfigError(str(site_path), "slurm.hooks_dir", "needed to install the prolog/epilog hooks")
+        raise ConfigError(str(site.path), "slurm.hooks_dir", "needed to install the prolog/epilog hooks")
     hooks_dir = Path(site.slurm.hooks_dir)
     from slurm_chaos.faults.plugin_install import site_policy_path
 

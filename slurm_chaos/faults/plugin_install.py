@@ -30,7 +30,7 @@ from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.resources import shipped
 from slurm_chaos.runner import Runner
-from slurm_chaos.site import Safety, Site, load_site
+from slurm_chaos.site import Safety, Site
 
 PLUGIN_FILE = "slurm_chaos.so"
 JOB_SUBMIT_LUA = "job_submit.lua"
@@ -194,7 +194,7 @@ def install_job_submit(etc: Path, policy: Path) -> tuple[Path, tuple[str, ...]]:
 
 
 def install_plugin(
-    site_conf_path: Path | str,
+    site: Site,
     prefix: Path | str,
     runner: Runner,
     *,
@@ -202,15 +202,16 @@ def install_plugin(
 ) -> InstallResult:
     """Write the policy and job_submit.lua, build and install the plugin, register it in plugstack.conf.
 
+    The site comes loaded (its placeholders filled in by the caller: the CLI, from the sandbox).
+
     The journal directory defaults to the one the site's prolog/epilog hooks and ``cleanup``
     use (``site_journal_root``): the plugin appends to the same per-node journal files, and
     reads the prolog's grant files there.
     """
     from slurm_chaos.faults.install_hooks import site_journal_root
 
-    site = load_site(site_conf_path)
     if not site.slurm.plugstack_conf:
-        raise ConfigError(str(site_conf_path), "slurm.plugstack_conf", "needed to install the SPANK plugin")
+        raise ConfigError(str(site.path), "slurm.plugstack_conf", "needed to install the SPANK plugin")
     policy_path = site_policy_path(site)
     try:
         policy = policy_from_safety(site.safety)
@@ -219,7 +220,7 @@ def install_plugin(
         args.render()
         render_job_submit(policy_path)
     except ValueError as exc:
-        raise ConfigError(str(site_conf_path), "safety", str(exc)) from exc
+        raise ConfigError(str(site.path), "safety", str(exc)) from exc
     plugin = build_plugin(prefix, runner)
     policy_path.parent.mkdir(parents=True, exist_ok=True)
     write_policy(policy_path, policy)
@@ -230,14 +231,13 @@ def install_plugin(
     return InstallResult(plugin, plugstack, line, replaced, policy_path, lua, notes)
 
 
-def uninstall_plugin(site_conf_path: Path | str) -> bool:
+def uninstall_plugin(site: Site) -> bool:
     """Remove the plugin's line from the site's plugstack.conf and the policy file (without it,
     job_submit.lua and the hooks refuse every fault); True if there was a plugstack line."""
-    site = load_site(site_conf_path)
     site_policy_path(site).unlink(missing_ok=True)
     if not site.slurm.plugstack_conf:
         raise ConfigError(
-            str(site_conf_path), "slurm.plugstack_conf", "no plugstack.conf to remove the plugin from"
+            str(site.path), "slurm.plugstack_conf", "no plugstack.conf to remove the plugin from"
         )
     path = Path(site.slurm.plugstack_conf)
     return update_plugstack(path, None) if path.exists() else False

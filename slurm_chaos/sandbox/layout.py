@@ -159,6 +159,18 @@ class Layout:
             "SLURM_RESERVATION": self.reservation,
         }
 
+    def site_placeholders(self) -> dict[str, str]:
+        """The values of a sandbox site config's `${name}` placeholders (site_configs/sandbox.yaml)."""
+        return {
+            "sandbox_root": str(self.root),
+            "sandbox_shared": str(self.shared_dir),
+            "sandbox_slurm_conf": str(self.slurm_conf),
+            "sandbox_etc": str(self.etc),
+            "prometheus_port": str(self.prometheus_port),
+            "alertmanager_port": str(self.alertmanager_port),
+            "reservation": self.reservation,
+        }
+
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "sandbox.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -172,6 +184,13 @@ class Layout:
         data.setdefault("cgroups", False)  # written before the sandbox had cgroups: it ran without
         data.setdefault("leaf_switches", 0)
         return cls(**data)
+
+
+def site_placeholders(name: str) -> dict[str, str] | None:
+    """What `load_site(path, site_placeholders)` fills a sandbox site's placeholders in with: the
+    values of sandbox `name` as it runs on this machine; None when it is not up."""
+    layout = Layout.load(name)
+    return layout.site_placeholders() if layout else None
 
 
 def used_indices() -> set[int]:

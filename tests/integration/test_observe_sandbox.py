@@ -32,7 +32,7 @@ from slurm_chaos.observe.healthcheck import REASON_PREFIX, install_healthcheck
 from slurm_chaos.probe.heartbeat import Heartbeat, remove_job_dir
 from slurm_chaos.runner import SubprocessRunner
 from slurm_chaos.sandbox import daemons, monitoring
-from slurm_chaos.sandbox.layout import Layout
+from slurm_chaos.sandbox.layout import Layout, site_placeholders
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.parse import parse_scontrol_nodes
 
@@ -90,7 +90,7 @@ def loop(sandbox: Any) -> Iterator[Loop]:
     layout = Layout.load(sandbox.name)
     assert layout is not None
     os.environ["SLURM_CHAOS_SANDBOX"] = sandbox.name
-    site = load_site(REPO / "site_configs/sandbox.yaml")
+    site = load_site(REPO / "site_configs/sandbox.yaml", site_placeholders)
     already = any(svc.pid() is not None for svc in monitoring.services(layout))
     monitoring.start_monitoring(layout)
     lp = Loop(layout, site, _health_interval(layout.slurm_conf))

@@ -25,6 +25,7 @@ from slurm_chaos import plugin_check as pc
 from slurm_chaos.faults.install_hooks import HOOK_NAME
 from slurm_chaos.faults.plugin_install import update_plugstack
 from slurm_chaos.runner import SubprocessRunner
+from slurm_chaos.sandbox.layout import site_placeholders
 from slurm_chaos.site import load_site
 from slurm_chaos.slurm.backend import make_scheduler
 
@@ -139,7 +140,7 @@ def test_an_unsafe_install_names_each_problem(
     assert pc.import_root_of(hook.read_text()) == str(user_src)
     assert pc.python_of(hook.read_text()) == pc.python_of(text)
     # 4. PrologFlags without Contain, as slurmctld reports a slurm.conf that has only Alloc
-    site = load_site(chaos_site)
+    site = load_site(chaos_site, site_placeholders)
     site = dataclasses.replace(
         site,
         slurm=dataclasses.replace(

@@ -10,6 +10,7 @@ import yaml
 from onboarding import fill_todos
 
 from slurm_chaos.cli import main
+from slurm_chaos.sandbox.layout import site_placeholders
 from slurm_chaos.site import Site, load_site
 
 pytestmark = pytest.mark.sandbox
@@ -50,8 +51,9 @@ def test_site_init_reports_what_sandbox_yaml_says(initialised: Path, tmp_path: P
     for section in ("partitions", "racks", "features"):
         assert written[section] == shipped[section], section
 
-    reference = load_site(SANDBOX_SITE)
-    site = load_site(fill_todos(initialised, _filled_like(reference), tmp_path / "filled.yaml"))
+    reference = load_site(SANDBOX_SITE, site_placeholders)
+    filled = fill_todos(initialised, _filled_like(reference), tmp_path / "filled.yaml")
+    site = load_site(filled, site_placeholders)
     assert site.partitions == reference.partitions
     assert site.racks == reference.racks
     assert site.features == reference.features
@@ -73,7 +75,8 @@ def test_site_init_reports_what_sandbox_yaml_says(initialised: Path, tmp_path: P
 
 
 def test_filled_in_it_renders_an_experiment(initialised: Path, tmp_path: Path) -> None:
-    filled = fill_todos(initialised, _filled_like(load_site(SANDBOX_SITE)), tmp_path / "filled.yaml")
+    reference = load_site(SANDBOX_SITE, site_placeholders)
+    filled = fill_todos(initialised, _filled_like(reference), tmp_path / "filled.yaml")
     out = tmp_path / "scripts"
     assert main(["render", "--site", str(filled), "--experiment", "slow-rank", "--out", str(out)]) == 0
     for role in ("baseline", "fault"):

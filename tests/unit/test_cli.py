@@ -65,6 +65,46 @@ def test_bad_site_exits_2_naming_the_key_and_writes_nothing(tmp_path: Path, muta
     assert not out.exists()
 
 
+@pytest.mark.parametrize("up", [False, True])
+def test_bad_sandbox_site_names_the_key_whether_or_not_the_sandbox_is_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, up: bool
+) -> None:
+    """The file's own error, not 'sandbox not up': the schema is checked before the placeholders."""
+    from slurm_chaos.sandbox.layout import Layout
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "site_configs" / "sandbox.yaml").read_text()
+    site = tmp_path / "bad.yaml"
+    site.write_text(text.replace("  partition: debug\n", "  partition: debug\n  partiton: debug\n"))
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", "chaos" if up else "nosuch")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    if up:
+        Layout(name="chaos", index=3, nodes=4, controller_host="localhost").save()
+    out = tmp_path / "out"
+    res = _cli("render", "--site", str(site), "--experiment", "slow-rank", "--out", str(out))
+    assert res.returncode == 2, res.stderr
+    assert f"{site}: slurm.partiton: unknown key" in res.stderr
+    assert "not up" not in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+def test_render_fills_a_sandbox_sites_placeholders_from_the_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_chaos.sandbox.layout import Layout
+
+    site = Path(__file__).resolve().parents[2] / "site_configs" / "sandbox.yaml"
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", "sbx")
+    out = tmp_path / "out"
+    assert main(["render", "--site", str(site), "--experiment", "slow-rank", "--out", str(out)]) == 2
+    assert not out.exists()  # sbx is not up
+    Layout(name="sbx", index=3, nodes=4, controller_host="localhost").save()
+    assert main(["render", "--site", str(site), "--experiment", "slow-rank", "--out", str(out)]) == 0
+    assert str(tmp_path / "sandboxes" / "sbx" / "heartbeat") in (out / "fault.sbatch").read_text()
+
+
 def test_malformed_yaml_exits_2(tmp_path: Path) -> None:
     site = tmp_path / "site.yaml"
     site.write_text("cluster: [x\n")

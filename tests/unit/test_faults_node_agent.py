@@ -296,10 +296,11 @@ def test_site_journal_root_is_per_sandbox(sandbox, monkeypatch: pytest.MonkeyPat
     """The sandbox site config resolves only against a sandbox that is up."""
     from slurm_chaos.faults.install_hooks import site_journal_root
     from slurm_chaos.faults.journal import DEFAULT_ROOT
+    from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
     monkeypatch.setenv("SLURM_CHAOS_SANDBOX", sandbox.name)
     repo = Path(__file__).resolve().parents[2]
-    sandbox = load_site(repo / "site_configs" / "sandbox.yaml")
+    sandbox = load_site(repo / "site_configs" / "sandbox.yaml", site_placeholders)
     assert site_journal_root(sandbox) == Path(str(sandbox.slurm.hooks_dir)).parent / "journal"
     assert site_journal_root(load_site(repo / "site_configs" / "h100-ib-example.yaml")) == DEFAULT_ROOT

@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from slurm_chaos.errors import ConfigError
-from slurm_chaos.site import load_site
+from slurm_chaos.sandbox.layout import Layout, site_placeholders
+from slurm_chaos.site import load_site, resolve_placeholders
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "sites" / "golden.yaml"
+SANDBOX_SITE = REPO / "site_configs" / "sandbox.yaml"
 
 
 def _write(tmp_path: Path, data: dict[str, object]) -> Path:
@@ -45,9 +47,118 @@ def test_sandbox_site_needs_its_sandbox_up(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path))
     monkeypatch.delenv("SLURM_CHAOS_SANDBOX", raising=False)
     with pytest.raises(ConfigError) as exc:
-        load_site(REPO / "site_configs" / "sandbox.yaml")
+        load_site(SANDBOX_SITE, site_placeholders)
     assert exc.value.key == "sandbox"
-    assert "not up" in str(exc.value)
+    assert "sandbox 'chaos' is not up" in str(exc.value)
+    with pytest.raises(ConfigError, match="sandbox: loaded without the values of sandbox 'chaos'"):
+        load_site(SANDBOX_SITE)  # a caller that does not say where the values come from
+
+
+def _bad_sandbox_site(tmp_path: Path) -> Path:
+    """The shipped sandbox site, placeholders and all, with one misspelt key."""
+    text = SANDBOX_SITE.read_text().replace("  partition: debug\n", "  partition: debug\n  partiton: debug\n")
+    path = tmp_path / "bad-sandbox.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_is_named_while_no_sandbox_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's own error first: a misspelt key is not hidden behind 'sandbox not up'."""
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", "nosuch")
+    path = _bad_sandbox_site(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        load_site(path, site_placeholders)
+    assert (exc.value.key, exc.value.exit_code) == ("slurm.partiton", 2)
+    assert "unknown key" in exc.value.problem
+
+
+def test_a_bad_file_is_reported_before_the_placeholders_are_asked_for(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def values(name: str) -> dict[str, str]:
+        asked.append(name)
+        return {}
+
+    with pytest.raises(ConfigError, match=r"slurm\.partiton: unknown key"):
+        load_site(_bad_sandbox_site(tmp_path), values)
+    assert asked == []
+
+
+VALUES = {
+    "sandbox_root": "/sb",
+    "sandbox_shared": "/sb/shared",
+    "sandbox_slurm_conf": "/sb/etc/slurm.conf",
+    "sandbox_etc": "/sb/etc",
+    "prometheus_port": "17003",
+    "alertmanager_port": "17004",
+    "reservation": "chaos_maint",
+}
+
+
+def test_placeholders_are_filled_in_from_the_values_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", "other")
+    asked: list[str] = []
+
+    def values(name: str) -> dict[str, str]:
+        asked.append(name)
+        return VALUES
+
+    site = load_site(SANDBOX_SITE, values)
+    assert asked == ["other"] and site.sandbox == "other"  # $SLURM_CHAOS_SANDBOX names the sandbox
+    assert (site.slurm.conf, site.slurm.plugstack_conf, site.slurm.hooks_dir) == (
+        "/sb/etc/slurm.conf",
+        "/sb/etc/plugstack.conf",
+        "/sb/etc",
+    )
+    assert site.checkpoint.path == "/sb/shared/checkpoints"
+    assert site.safety.allowed_checkpoint_roots == ("/sb/shared/checkpoints",)
+    assert site.monitoring.prometheus == "http://127.0.0.1:17003"
+    assert site.monitoring.heartbeat_dir == "/sb/heartbeat"
+
+
+def test_checkpoint_roots_may_be_placeholders(tmp_path: Path) -> None:
+    path = tmp_path / "site.yaml"
+    path.write_text(SANDBOX_SITE.read_text() + "  allowed_checkpoint_roots:\n    - ${sandbox_shared}/ckpt\n")
+    assert load_site(path, lambda name: VALUES).safety.allowed_checkpoint_roots == ("/sb/shared/ckpt",)
+
+
+def test_resolve_placeholders_is_pure_and_leaves_other_dollars_alone(tmp_path: Path) -> None:
+    data = {"a": "${sandbox_root}/x", "b": ["$HOME", "${reservation}"], "c": 3, "d": {"e": "${sandbox_etc}"}}
+    assert resolve_placeholders(tmp_path, data, VALUES) == {
+        "a": "/sb/x",
+        "b": ["$HOME", "chaos_maint"],
+        "c": 3,
+        "d": {"e": "/sb/etc"},
+    }
+    assert data["a"] == "${sandbox_root}/x"  # not changed in place
+
+
+def test_an_unresolved_placeholder_names_its_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        resolve_placeholders(tmp_path / "s.yaml", {"slurm": {"conf": "${sandbox_slurmconf}"}}, VALUES)
+    assert exc.value.key == "slurm.conf"
+    assert "unknown placeholder ${sandbox_slurmconf} (known: alertmanager_port," in exc.value.problem
+
+
+def test_placeholders_in_a_site_without_a_sandbox_are_unknown(tmp_path: Path) -> None:
+    data = _golden()
+    data["checkpoint"]["path"] = "${sandbox_shared}/ckpt"
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as exc:
+        load_site(path, lambda name: VALUES)
+    assert exc.value.key == "checkpoint.path" and "unknown placeholder ${sandbox_shared}" in exc.value.problem
+
+
+def test_a_sandbox_that_is_up_gives_the_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX_ROOT", str(tmp_path))
+    monkeypatch.setenv("SLURM_CHAOS_SANDBOX", "sbx")
+    layout = Layout(name="sbx", index=3, nodes=4, controller_host="localhost")
+    layout.save()
+    site = load_site(SANDBOX_SITE, site_placeholders)
+    assert site.slurm.conf == str(tmp_path / "sbx" / "etc" / "slurm.conf")
+    assert site.monitoring.alertmanager == f"http://127.0.0.1:{layout.alertmanager_port}"
+    assert site_placeholders("other") is None
 
 
 def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:

@@ -228,15 +228,15 @@ SAFETY = """safety:
 def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
     from slurm_chaos.faults.plugin_install import install_plugin, uninstall_plugin
     from slurm_chaos.runner import Completed, FakeRunner
+    from slurm_chaos.site import load_site
 
     plugstack = tmp_path / "plugstack.conf"
     plugstack.write_text(
         "# keep me\noptional /usr/lib/other.so x=1\nrequired /old/slurm_chaos.so allow_users=bob\n"
     )
     runner = FakeRunner(lambda argv: Completed(argv, 0, "", ""))
-    result = install_plugin(
-        _site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner, journal_dir="/var/lib/j"
-    )
+    site = load_site(_site_file(tmp_path, plugstack, SAFETY))
+    result = install_plugin(site, tmp_path / "prefix", runner, journal_dir="/var/lib/j")
     # Both are built from their shipped sources into a temporary directory, not in place.
     assert [call[:5] for call in runner.calls] == [
         ("make", "-C", str(PLUGIN_DIR), "install", f"PREFIX={tmp_path / 'prefix'}"),
@@ -264,10 +264,10 @@ def test_install_plugin_builds_and_writes_one_line(tmp_path: Path) -> None:
     )
     lua = (tmp_path / "job_submit.lua").read_text()
     assert result.job_submit == tmp_path / "job_submit.lua" and f'local POLICY_PATH = "{policy}"' in lua
-    again = install_plugin(_site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner)
+    again = install_plugin(load_site(_site_file(tmp_path, plugstack, SAFETY)), tmp_path / "prefix", runner)
     assert again.line.endswith("journal_dir=/var/lib/slurm-chaos/journal")  # the hooks' root (no sandbox)
     assert again.replaced and plugstack.read_text().count("slurm_chaos.so") == 1
-    assert uninstall_plugin(result.plugstack_path.parent / "site.yaml")
+    assert uninstall_plugin(load_site(result.plugstack_path.parent / "site.yaml"))
     assert plugstack.read_text().splitlines() == ["# keep me", "optional /usr/lib/other.so x=1"]
     assert not policy.exists()  # without it every fault is refused
 
@@ -287,11 +287,12 @@ def test_install_plugin_reports_a_failed_build(tmp_path: Path) -> None:
     from slurm_chaos.errors import ChaosError
     from slurm_chaos.faults.plugin_install import install_plugin
     from slurm_chaos.runner import Completed, FakeRunner
+    from slurm_chaos.site import load_site
 
     plugstack = tmp_path / "plugstack.conf"
     runner = FakeRunner(lambda argv: Completed(argv, 2, "", "parse.c:1: error: boom\nmake: *** [x] Error 1"))
     with pytest.raises(ChaosError, match="boom"):
-        install_plugin(_site_file(tmp_path, plugstack, SAFETY), tmp_path / "prefix", runner)
+        install_plugin(load_site(_site_file(tmp_path, plugstack, SAFETY)), tmp_path / "prefix", runner)
     assert not plugstack.exists()  # nothing registered when the build failed
 
 
@@ -299,11 +300,13 @@ def test_plugin_args_the_c_parser_would_refuse_are_caught(tmp_path: Path) -> Non
     from slurm_chaos.errors import ConfigError
     from slurm_chaos.faults.plugin_install import install_plugin
     from slurm_chaos.runner import Completed, FakeRunner
+    from slurm_chaos.site import load_site
 
     bad = SAFETY.replace("[root, alice]", "['root', 'al ice']")
+    site = load_site(_site_file(tmp_path, tmp_path / "plugstack.conf", bad))
     runner = FakeRunner(lambda argv: Completed(argv, 0, "", ""))
     with pytest.raises(ConfigError, match="'al ice' is not a plain name"):
-        install_plugin(_site_file(tmp_path, tmp_path / "plugstack.conf", bad), tmp_path / "prefix", runner)
+        install_plugin(site, tmp_path / "prefix", runner)
     assert runner.calls == []
 
 
