@@ -37,6 +37,7 @@ from slurm_chaos.campaign.observe import Watcher
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.runner import Completed, SubprocessRunner
 from slurm_chaos.sandbox.cluster import Sandbox
+from slurm_chaos.sandbox.layout import site_placeholders
 from slurm_chaos.site import load_site, todo_entries
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 
@@ -80,7 +81,7 @@ def timed(fn: Any, *args: Any, **kw: Any) -> tuple[float, Any]:
 
 def fill_site(initialised: Path, out: Path) -> Path:
     """`site init`'s draft with every TODO answered as the shipped sandbox config answers it."""
-    reference = load_site(SHIPPED_SITE)
+    reference = load_site(SHIPPED_SITE, site_placeholders)
     mon = reference.monitoring
     answers: dict[str, Any] = {
         "slurm.hooks_dir": reference.slurm.hooks_dir,
