@@ -158,6 +158,7 @@ def load_experiment_file(path: Path) -> Experiment:
         duration_s=f.get("duration_s"),
     )
     e = data["expect"]
+    _check_signal_kinds(path, e.get("detect", ()))
     expect = Expect(
         regression=e.get("regression", True),
         detect=tuple(e.get("detect", ())),
@@ -173,6 +174,19 @@ def load_experiment_file(path: Path) -> Experiment:
         mode=Mode(data.get("mode", Mode.TRAIN)),
         fault=fault, expect=expect, path=path, hypothesis=Hypothesis(**data.get("hypothesis", {}))
     )
+
+
+def _check_signal_kinds(path: Path, detect: list[str]) -> None:
+    """An ``expect.detect`` entry ``signal:<kind>`` names a kind site detectors can declare."""
+    from slurm_chaos.site import SIGNAL_KIND, signal_kinds
+
+    known = signal_kinds()
+    for i, entry in enumerate(detect):
+        kind = entry.removeprefix(SIGNAL_KIND)
+        if entry.startswith(SIGNAL_KIND) and kind not in known:
+            raise ConfigError(
+                str(path), f"expect.detect.{i}", f"unknown signal kind {kind!r} (known: {', '.join(known)})"
+            )
 
 
 def _directories(extra: tuple[Path, ...]) -> tuple[Path, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -92,12 +93,49 @@ class Checkpoint:
     timeout_s: float = 10.0
 
 
+#: Alert labels that may name the node an alert is about (``host`` is our own exporter's).
+NODE_LABELS = ("node", "host", "instance", "hostname", "Hostname")
+#: An alert matcher's value that starts so is a regex (anchored, as Alertmanager's ``=~``).
+REGEX_MATCH = "=~"
+#: An experiment's ``expect.detect`` entry ``signal:<kind>``: any site detector covering that kind.
+SIGNAL_KIND = "signal:"
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One of the site's detectors: the signal kinds it is meant to cover and how to see it fire,
+    a Slurm node reason it sets (``drain_reason``, a regex) or an alert (label matchers)."""
+
+    name: str
+    signals: tuple[str, ...]
+    drain_reason: str | None = None
+    alert: tuple[tuple[str, str], ...] = ()
+
+    def matches_reason(self, reason: str) -> bool:
+        return self.drain_reason is not None and re.search(self.drain_reason, reason) is not None
+
+    def matches_alert(self, labels: dict[str, object]) -> bool:
+        """Every matcher holds; a label the alert lacks is the empty string, as in Alertmanager."""
+        if not self.alert:
+            return False
+        for label, want in self.alert:
+            value = str(labels.get(label, ""))
+            if want.startswith(REGEX_MATCH):
+                if re.fullmatch(want[len(REGEX_MATCH) :], value) is None:
+                    return False
+            elif value != want:
+                return False
+        return True
+
+
 @dataclass(frozen=True)
 class Monitoring:
     prometheus: str | None = None
     alertmanager: str | None = None
     heartbeat_dir: str | None = None
     healthcheck_signals: tuple[str, ...] = ()
+    detectors: tuple[Detector, ...] = ()
+    node_labels: tuple[str, ...] = NODE_LABELS
 
 
 @dataclass(frozen=True)
@@ -157,6 +195,12 @@ def healthcheck_signals() -> tuple[str, ...]:
     """The detectors a site's health check may declare (monitoring.healthcheck_signals)."""
     items = _schema()["properties"]["monitoring"]["properties"]["healthcheck_signals"]["items"]
     return tuple(items["enum"])
+
+
+def signal_kinds() -> tuple[str, ...]:
+    """The symptoms a site detector may cover, and an experiment's ``signal:<kind>`` may name."""
+    detector = _schema()["properties"]["monitoring"]["properties"]["detectors"]["items"]
+    return tuple(detector["properties"]["signals"]["items"]["enum"])
 
 
 def _key(path: Any) -> str:
@@ -408,5 +452,40 @@ def _build(path: Path, d: dict[str, Any], sandbox: str | None) -> Site:
             alertmanager=mon.get("alertmanager"),
             heartbeat_dir=mon.get("heartbeat_dir"),
             healthcheck_signals=tuple(mon.get("healthcheck_signals", ())),
+            detectors=_detectors(path, mon.get("detectors", [])),
+            node_labels=tuple(mon.get("node_labels", NODE_LABELS)),
         ),
+    )
+
+
+def _detectors(path: Path, raw: list[dict[str, Any]]) -> tuple[Detector, ...]:
+    """monitoring.detectors; reports name each detector, so two of one name are an error."""
+    detectors = tuple(_detector(path, i, d) for i, d in enumerate(raw))
+    for i, det in enumerate(detectors):
+        if any(other.name == det.name for other in detectors[:i]):
+            raise ConfigError(str(path), f"monitoring.detectors.{i}.name", f"{det.name!r} is named twice")
+    return detectors
+
+
+def _detector(path: Path, i: int, d: dict[str, Any]) -> Detector:
+    """monitoring.detectors.<i>; its regexes are compiled here so that a bad one names its key."""
+    key = f"monitoring.detectors.{i}"
+    if "drain_reason" not in d and "alert" not in d:
+        raise ConfigError(str(path), key, "a detector needs drain_reason or alert (how to see it fire)")
+    patterns = [("drain_reason", d["drain_reason"])] if "drain_reason" in d else []
+    patterns += [
+        (f"alert.{label}", v[len(REGEX_MATCH) :])
+        for label, v in d.get("alert", {}).items()
+        if v.startswith(REGEX_MATCH)
+    ]
+    for sub, pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(str(path), f"{key}.{sub}", f"bad regex {pattern!r}: {exc}") from exc
+    return Detector(
+        name=d["name"],
+        signals=tuple(d["signals"]),
+        drain_reason=d.get("drain_reason"),
+        alert=tuple(sorted(d.get("alert", {}).items())),
     )

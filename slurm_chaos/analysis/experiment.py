@@ -11,7 +11,7 @@ import numpy.typing as npt
 from slurm_chaos.analysis.model import ExperimentResult, Verdict
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
-from slurm_chaos.analysis.verdict import judge
+from slurm_chaos.analysis.verdict import detections, judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
 from slurm_chaos.rundir import OBSERVATIONS, FaultWindow, Observation, ObservationLog, load_observations
@@ -66,6 +66,7 @@ def _without_fault_run(
         crashed=True,
         world_size=baseline.world_size,
         observations=log.observations,
+        detections=detections(log),
     )
     b = job_series(baseline)
     return ExperimentAnalysis(result, baseline, None, b, None, log.fault_window, np.zeros(0, dtype=np.bool_))
@@ -153,6 +154,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         crashed=log.crashed,
         world_size=fault.world_size,
         observations=log.observations,
+        detections=j.detections,
     )
     return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps)
 

@@ -75,6 +75,16 @@ class StragglerScore:
 
 
 @dataclass(frozen=True)
+class Detection:
+    """A site detector's first firing after the fault began, for one signal kind it covers."""
+
+    detector: str
+    signal: str
+    time_to_detect_s: float
+    silenced: bool = False
+
+
+@dataclass(frozen=True)
 class ExperimentResult:
     """Everything the report says about one experiment."""
 
@@ -91,6 +101,7 @@ class ExperimentResult:
     crashed: bool = False
     world_size: int = 0
     observations: tuple[Observation, ...] = field(default_factory=tuple)
+    detections: tuple[Detection, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """Flat JSON record, rounded so that re-running gives byte-identical output."""
@@ -107,6 +118,7 @@ class ExperimentResult:
             "lost_steps": self.lost_steps,
             "crashed": self.crashed,
             "stragglers": [straggler_json(s) for s in self.stragglers],
+            "detections": [detection_json(d) for d in self.detections],
         }
         record.update(comparison_json(c) if c is not None else {})
         return record
@@ -116,6 +128,15 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return round(float(value), digits)
+
+
+def detection_json(d: Detection) -> dict[str, Any]:
+    return {
+        "detector": d.detector,
+        "signal": d.signal,
+        "time_to_detect_s": _round(d.time_to_detect_s),
+        "silenced": d.silenced,
+    }
 
 
 def straggler_json(s: StragglerScore) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_chaos.analysis.experiment import ExperimentAnalysis, analyse_experiment
-from slurm_chaos.analysis.model import ExperimentResult, Verdict
+from slurm_chaos.analysis.model import Detection, ExperimentResult, Verdict
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
 from slurm_chaos.rundir import Manifest, experiment_dir, read_manifest
 
@@ -222,6 +222,13 @@ def _badge(v: Verdict) -> str:
     return f'<span class="v {v.name}">{html.escape(v.value)}</span>'
 
 
+_SILENCED = " (silenced)"
+
+
+def _detection_text(d: Detection) -> str:
+    return f"{d.detector} ({d.signal}) after {d.time_to_detect_s:.0f} s{_SILENCED if d.silenced else ''}"
+
+
 def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
@@ -255,6 +262,7 @@ def _experiment_html(a: ExperimentAnalysis) -> str:
     numbers += [
         ("detected by", r.detected_by or "-"),
         ("time to detect", _secs(r.time_to_detect_s)),
+        ("site detectors fired", "; ".join(_detection_text(d) for d in r.detections) or "-"),
         ("time to remediate", _secs(r.time_to_remediate_s)),
         ("lost steps", str(r.lost_steps)),
     ]
@@ -268,7 +276,8 @@ def _experiment_html(a: ExperimentAnalysis) -> str:
     )
     obs = (
         "".join(
-            f"<tr><td>{o.time - a.window.start:+.1f}s</td><td>{e(o.signal)}</td><td>{e(o.detail)}</td></tr>"
+            f"<tr><td>{o.time - a.window.start:+.1f}s</td><td>{e(o.signal)}{_SILENCED if o.silenced else ''}"
+            f"</td><td>{e(o.detail)}</td></tr>"
             for o in r.observations
         )
         or '<tr><td colspan="3">nothing observed</td></tr>'

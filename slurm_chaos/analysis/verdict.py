@@ -3,7 +3,8 @@
 Order of the checks (the first that applies wins):
 
 1. training crashed, or lost more steps than allowed -> NOT RECOVERED;
-2. a detection signal was expected and none came in time:
+2. a detection signal was expected and none came in time (an alert Alertmanager silenced or inhibited
+   fired all the same: it counts, and is said to be silenced):
    a significant slowdown -> BLIND SPOT; too noisy to tell -> INCONCLUSIVE; no slowdown although one
    was expected -> NO EFFECT (the injection itself is suspect); no slowdown expected -> BLIND SPOT;
 3. detected (or nothing to detect), but an expected remediation step is missing or late -> NOT RECOVERED;
@@ -24,8 +25,9 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from slurm_chaos.analysis.model import Comparison, Verdict
+from slurm_chaos.analysis.model import Comparison, Detection, Verdict
 from slurm_chaos.rundir import Expectation, Observation, ObservationLog
+from slurm_chaos.site import SIGNAL_KIND
 
 # Short remediation names an experiment may use, and the signals that show each happened.
 REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
@@ -35,7 +37,7 @@ REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
 }
 # Signals that show monitoring noticed, used when the experiment named none (rule 4). The probe's own
 # events (gpu_xid, numa_mismatch, ...) are not monitoring: they count only where an experiment names them.
-DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing")
+DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing", "detector")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Judgement:
     detected_by: str | None
     time_to_detect_s: float | None
     time_to_remediate_s: float | None
+    detections: tuple[Detection, ...] = ()
 
 
 def signal_matches(observed: str, wanted: str) -> bool:
@@ -52,12 +55,32 @@ def signal_matches(observed: str, wanted: str) -> bool:
     return observed == wanted or observed.startswith(wanted + ":") or fnmatch.fnmatchcase(observed, wanted)
 
 
+def matches(o: Observation, wanted: str) -> bool:
+    """``signal:<kind>``: a site detector that covers ``kind`` fired; else :func:`signal_matches`."""
+    if wanted.startswith(SIGNAL_KIND):
+        return o.detector is not None and wanted[len(SIGNAL_KIND) :] in o.covers
+    return signal_matches(o.signal, wanted)
+
+
 def first_match(log: ObservationLog, wanted: tuple[str, ...]) -> Observation | None:
     """Earliest observation at or after the fault's start that matches any of ``wanted``."""
     for o in log.observations:  # sorted by time
-        if o.time >= log.fault_window.start and any(signal_matches(o.signal, w) for w in wanted):
+        if o.time >= log.fault_window.start and any(matches(o, w) for w in wanted):
             return o
     return None
+
+
+def detections(log: ObservationLog) -> tuple[Detection, ...]:
+    """Each site detector's first firing since the fault began, once per signal kind it covers."""
+    first: dict[tuple[str, str], Detection] = {}
+    for o in log.observations:  # sorted by time
+        if o.detector is None or o.time < log.fault_window.start:
+            continue
+        for kind in o.covers:
+            key = (o.detector, kind)
+            if key not in first:
+                first[key] = Detection(o.detector, kind, o.time - log.fault_window.start, o.silenced)
+    return tuple(first.values())
 
 
 def _remediation(log: ObservationLog, e: Expectation) -> tuple[float | None, str]:
@@ -85,11 +108,13 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
     wanted = e.detect_signals or DETECTION_SIGNALS
     hit = first_match(log, wanted)
     ttd = None if hit is None else hit.time - start
-    detected_by = None if hit is None else hit.signal
+    # A site detector by its name; anything else (a generic signal) by the signal, as before detectors.
+    detected_by = None if hit is None else hit.detector or hit.signal
     ttr, missing = _remediation(log, e) if e.remediation else (None, "")
+    found = detections(log)
 
     def verdict(v: Verdict, reason: str) -> Judgement:
-        return Judgement(v, reason, detected_by, ttd, ttr)
+        return Judgement(v, reason, detected_by, ttd, ttr, found)
 
     if log.crashed:
         return verdict(Verdict.NOT_RECOVERED, "training crashed and did not finish")
@@ -129,7 +154,8 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
         if noisy:
             return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c))
         return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "signal"))
-    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr) + aside)
+    quiet = hit is not None and hit.silenced
+    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr, quiet) + aside)
 
 
 def _unexpected_change(c: Comparison | None) -> str:
@@ -153,10 +179,13 @@ def _noisy_reason(c: Comparison | None) -> str:
     return c.inconclusive_reason or "no significant change"
 
 
-def _passed_reason(c: Comparison | None, by: str | None, ttd: float | None, ttr: float | None) -> str:
+def _passed_reason(
+    c: Comparison | None, by: str | None, ttd: float | None, ttr: float | None, silenced: bool = False
+) -> str:
     parts = []
     if by is not None and ttd is not None:
-        parts.append(f"detected by {by} after {ttd:.0f} s")
+        # Silenced or inhibited: it fired, but the people on call were not told.
+        parts.append(f"detected by {by} after {ttd:.0f} s{' (silenced)' if silenced else ''}")
     if ttr is not None:
         parts.append(f"remediated after {ttr:.0f} s")
     if c is not None and c.regression == c.regression:  # not NaN

@@ -489,7 +489,15 @@ def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
         fault_dir = p.exp_dir / Role.FAULT
         job = submit(camp, exp, Role.FAULT, exp.name, fault_dir)
         t_submitted = clock.monotonic()
-        watcher = Watcher(camp.scheduler, job.job_id, camp.site.monitoring.alertmanager, clock)
+        mon = camp.site.monitoring
+        watcher = Watcher(
+            camp.scheduler,
+            job.job_id,
+            mon.alertmanager,
+            clock,
+            detectors=mon.detectors,
+            node_labels=mon.node_labels,
+        )
         hold = _expectation(exp) if exp.hold_limit_s is not None else None
         watched = watch(camp, job, exp.name, watcher, exp, p.faults, fault_dir, hold)
     settle(camp, list(watched.nodes_seen))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_chaos.analysis.verdict import REMEDIATION_SIGNALS, signal_matches
+from slurm_chaos.analysis.verdict import REMEDIATION_SIGNALS, matches
 from slurm_chaos.rundir import RELEASE, Expectation, Observation
 
 #: A signal that comes this long after its deadline is still seen (and judged late) before release.
@@ -45,7 +45,7 @@ def release_due(
         return False
     for wanted, deadline in waits(e):
         seen = any(
-            o.time >= fault_start and any(signal_matches(o.signal, w) for w in wanted) for o in observations
+            o.time >= fault_start and any(matches(o, w) for w in wanted) for o in observations
         )
         if not seen and (deadline is None or now < fault_start + deadline + GRACE_S):
             return False

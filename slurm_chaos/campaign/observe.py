@@ -20,19 +20,23 @@ from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.rundir import Observation
+from slurm_chaos.site import NODE_LABELS, Detector
 from slurm_chaos.slurm.backend import Scheduler
-from slurm_chaos.slurm.model import JobInfo, JobState
+from slurm_chaos.slurm.model import JobInfo, JobState, NodeInfo
 
 log = logging.getLogger(__name__)
 
-#: Alert labels that name the job, and those that name the node, an alert is about.
+#: Alert labels that name the job an alert is about (those that name the node: the site's).
 JOB_LABELS = ("job_id", "jobid", "slurm_job_id")
-NODE_LABELS = ("node", "host", "hostname", "Hostname")
+#: Node states whose Reason says why (a drain, slurmd not responding, a failed node).
+REASON_STATES = ("DRAIN", "DOWN", "FAIL", "FAILING")
 
 
 def fetch_alerts(alertmanager: str, timeout: float = 3.0) -> list[dict[str, object]]:
-    """Active alerts from Alertmanager's v2 API; an unreachable Alertmanager yields none (logged)."""
-    url = alertmanager.rstrip("/") + "/api/v2/alerts?active=true&silenced=false&inhibited=false"
+    """Active alerts from Alertmanager's v2 API, silenced and inhibited ones too (a maintenance
+    window's silence hides an alert from people, not the fact that it fired); an unreachable
+    Alertmanager yields none (logged)."""
+    url = alertmanager.rstrip("/") + "/api/v2/alerts?active=true&silenced=true&inhibited=true"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - site-configured URL
             data = json.loads(resp.read())
@@ -42,27 +46,67 @@ def fetch_alerts(alertmanager: str, timeout: float = 3.0) -> list[dict[str, obje
     return data if isinstance(data, list) else []
 
 
+def silenced(alert: dict[str, object]) -> bool:
+    """Alertmanager silenced or inhibited the alert (v2 ``status``): it fired all the same."""
+    status = alert.get("status")
+    if not isinstance(status, dict):
+        return False
+    return status.get("state") == "suppressed" or bool(status.get("silencedBy") or status.get("inhibitedBy"))
+
+
+def host_of(value: str) -> str:
+    """The host a label value names: ``node2:9100`` (Prometheus' ``instance``) and ``node2.site:9100``
+    name ``node2``; an address stays whole."""
+    host = value
+    m = re.fullmatch(r"\[(.+)\]:\d+|([^:]+):\d+", value)
+    if m is not None:
+        host = m.group(1) or m.group(2)
+    if ":" in host or re.fullmatch(r"[\d.]+", host):
+        return host
+    return host.split(".", 1)[0]
+
+
 @dataclass
 class Watcher:
-    """Polls Slurm (and Alertmanager) while one job runs; one query of each kind per tick."""
+    """Polls Slurm (and Alertmanager) while one job runs; one query of each kind per tick.
+
+    ``detectors`` are the site's: each drain reason or alert of theirs about the job or its nodes
+    is one observation ``detector:<name>``, beside the generic ones (``node_drained``,
+    ``alert_firing:<alertname>``) that today's expectations name.
+    """
 
     scheduler: Scheduler
     job_id: str
     alertmanager: str | None = None
     clock: Clock = field(default_factory=SystemClock)
     alerts: Callable[[str], list[dict[str, object]]] = fetch_alerts
+    detectors: tuple[Detector, ...] = ()
+    node_labels: tuple[str, ...] = NODE_LABELS
     observations: list[Observation] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
     restarts: int = 0
     nodes_seen: set[str] = field(default_factory=set)
+    #: Other names of the nodes seen (NodeHostName, NodeAddr) -> node name.
+    _aliases: dict[str, str] = field(default_factory=dict)
     last: JobInfo | None = None
 
-    def _add(self, key: str, signal: str, detail: str, when: float | None = None) -> None:
+    def _add(self, key: str, o: Observation) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.observations.append(Observation(signal, when if when is not None else self.clock.time(), detail))
-        log.info("observed %s: %s", signal, detail)
+        self.observations.append(o)
+        log.info("observed %s: %s%s", o.signal, o.detail, " (silenced)" if o.silenced else "")
+
+    def _note(
+        self, key: str, signal: str, detail: str, when: float | None = None, quiet: bool = False
+    ) -> None:
+        t = self.clock.time() if when is None else when
+        self._add(key, Observation(signal, t, detail, silenced=quiet))
+
+    def _detected(self, key: str, d: Detector, detail: str, when: float | None, quiet: bool = False) -> None:
+        """A firing of site detector ``d``: observation ``detector:<name>``, with what it covers."""
+        t = self.clock.time() if when is None else when
+        self._add(f"{key}@{d.name}", Observation(f"detector:{d.name}", t, detail, d.name, d.signals, quiet))
 
     def tick(self) -> JobInfo | None:
         """One poll of the job, one query of its nodes, one of Alertmanager."""
@@ -73,32 +117,54 @@ class Watcher:
         self.nodes_seen.update(info.nodes)
         if info.restarts > self.restarts:
             self.restarts = info.restarts
-            self._add(
-                f"requeue{info.restarts}", "job_requeued", f"job {self.job_id} requeued ({info.restarts})"
-            )
+            what = f"job {self.job_id} requeued ({info.restarts})"
+            self._note(f"requeue{info.restarts}", "job_requeued", what)
         if self.restarts and info.state == JobState.RUNNING and info.nodes:
-            self._add(f"rescheduled{self.restarts}", "job_rescheduled", ",".join(info.nodes))
+            self._note(f"rescheduled{self.restarts}", "job_rescheduled", ",".join(info.nodes))
         if self.nodes_seen:
-            for name, node in self.scheduler.nodes(sorted(self.nodes_seen)).items():
-                if node.drain and node.reason and not node.reason.startswith(REASON_PREFIX):
-                    # Our own injected drain is the fault, not a detection of it.
-                    if node.reason.startswith(HEALTHCHECK_PREFIX):
-                        self._add(f"hc-{name}", "healthcheck_drain", f"{name}: {node.reason}")
-                    self._add(f"drain-{name}", "node_drained", f"{name}: {node.reason}")
-                if "DOWN" in node.state:
-                    self._add(f"down-{name}", "node_down", f"{name}: {node.reason or 'not responding'}")
+            for node in self.scheduler.nodes(sorted(self.nodes_seen)).values():
+                self._check_node(node)
         if self.alertmanager:
             for alert in self.alerts(self.alertmanager):
-                labels = alert.get("labels")
-                if not isinstance(labels, dict) or not isinstance(labels.get("alertname"), str):
-                    continue
-                if not self.concerns_job(labels):
-                    continue
-                detail = json.dumps(labels, sort_keys=True)
-                # One observation per alert (its labels), at the time Alertmanager says it began: an
-                # alert of the same name about an earlier job neither hides this one nor counts.
-                self._add(f"alert-{detail}", f"alert_firing:{labels['alertname']}", detail, starts_at(alert))
+                self._check_alert(alert)
         return info
+
+    def _check_node(self, node: NodeInfo) -> None:
+        name = node.name
+        self._aliases.update({host_of(a): name for a in (node.hostname, node.address) if a and a != name})
+        # Our own injected drain is the fault, not a detection of it.
+        ours = node.reason.startswith(REASON_PREFIX)
+        if node.drain and node.reason and not ours:
+            if node.reason.startswith(HEALTHCHECK_PREFIX):
+                self._note(f"hc-{name}", "healthcheck_drain", f"{name}: {node.reason}")
+            self._note(f"drain-{name}", "node_drained", f"{name}: {node.reason}")
+        if "DOWN" in node.state:
+            self._note(f"down-{name}", "node_down", f"{name}: {node.reason or 'not responding'}")
+        if node.reason and not ours and any(s in node.state for s in REASON_STATES):
+            for d in self.detectors:
+                if d.matches_reason(node.reason):
+                    self._detected(f"reason-{name}-{node.reason}", d, f"{name}: {node.reason}", None)
+
+    def _check_alert(self, alert: dict[str, object]) -> None:
+        labels = alert.get("labels")
+        if not isinstance(labels, dict) or not isinstance(labels.get("alertname"), str):
+            return
+        if not self.concerns_job(labels):
+            return
+        detail = json.dumps(labels, sort_keys=True)
+        quiet = silenced(alert)
+        # One observation per alert (its labels), at the time Alertmanager says it began: an
+        # alert of the same name about an earlier job neither hides this one nor counts.
+        when = starts_at(alert)
+        self._note(f"alert-{detail}", f"alert_firing:{labels['alertname']}", detail, when, quiet)
+        for d in self.detectors:
+            if d.matches_alert(labels):
+                self._detected(f"alert-{detail}", d, detail, when, quiet)
+
+    def alert_nodes(self, labels: dict[str, object]) -> set[str]:
+        """The nodes an alert's labels name (the site's node labels), by their Slurm names."""
+        hosts = {host_of(str(labels[k])) for k in self.node_labels if k in labels}
+        return {self._aliases.get(h, h) for h in hosts}
 
     def concerns_job(self, labels: dict[str, object]) -> bool:
         """An alert that names a job counts only for this job; one that names a node only for this
@@ -106,7 +172,7 @@ class Watcher:
         jobs = {str(labels[k]) for k in JOB_LABELS if k in labels}
         if jobs:
             return self.job_id in jobs
-        nodes = {str(labels[k]) for k in NODE_LABELS if k in labels}
+        nodes = self.alert_nodes(labels)
         return not nodes or bool(nodes & self.nodes_seen)
 
 

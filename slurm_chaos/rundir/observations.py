@@ -4,7 +4,10 @@ One per experiment directory, written by the campaign, read by the analysis::
 
     {"fault": "gpu-throttle",                      (optional)
      "fault_window": {"start": 1700000000.0, "end": 1700000300.0 | null},
-     "observations": [{"signal": "node_drained", "time": 1700000042.5, "detail": "node2: NHC"}],
+     "observations": [{"signal": "node_drained", "time": 1700000042.5, "detail": "node2: NHC"},
+                      {"signal": "detector:nhc", "time": 1700000042.5, "detail": "node2: NHC: ...",
+                       "detector": "nhc", "covers": ["checkpoint"], "silenced": false}],
+                                                   (detector, covers and silenced: optional)
      "expectation": {"expect_regression": true, "detect_signals": ["alert_firing:GpuSlow"], ...},
      "crashed": false}
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +43,18 @@ class Expectation:
 
 @dataclass(frozen=True)
 class Observation:
-    """One thing monitoring, the scheduler or the probe reported, at a Unix time."""
+    """One thing monitoring, the scheduler or the probe reported, at a Unix time.
+
+    A site detector's firing names the detector and the signal kinds it covers (``covers``);
+    ``silenced``: an alert Alertmanager silenced or inhibited, fired all the same.
+    """
 
     signal: str
     time: float
     detail: str = ""
+    detector: str | None = None
+    covers: tuple[str, ...] = ()
+    silenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ def observations_to_json(log: ObservationLog) -> dict[str, Any]:
     return {
         "fault": log.fault,
         "fault_window": {"start": log.fault_window.start, "end": log.fault_window.end},
-        "observations": [asdict(o) for o in log.observations],
+        "observations": [_observation_json(o) for o in log.observations],
         "expectation": {
             "expect_regression": e.expect_regression,
             "detect_signals": list(e.detect_signals),
@@ -86,6 +96,17 @@ def observations_to_json(log: ObservationLog) -> dict[str, Any]:
         },
         "crashed": log.crashed,
     }
+
+
+def _observation_json(o: Observation) -> dict[str, Any]:
+    """The observation's fields; those at their defaults are left out, as files before them lack them."""
+    record: dict[str, Any] = {"signal": o.signal, "time": o.time, "detail": o.detail}
+    if o.detector is not None:
+        record["detector"] = o.detector
+        record["covers"] = list(o.covers)
+    if o.silenced:
+        record["silenced"] = True
+    return record
 
 
 def write_observations(path: Path, log: ObservationLog) -> None:
@@ -128,8 +149,16 @@ def _observation(item: object, where: str, i: int) -> Observation:
     signal = o.get("signal")
     if not isinstance(signal, str) or not signal:
         raise DataError(f"{where}: observations[{i}].signal: expected a non-empty string")
+    detector = o.get("detector")
+    if detector is not None and (not isinstance(detector, str) or not detector):
+        raise DataError(f"{where}: observations[{i}].detector: expected a non-empty string")
     return Observation(
-        signal, _number(o.get("time"), where, f"observations[{i}].time"), str(o.get("detail", ""))
+        signal,
+        _number(o.get("time"), where, f"observations[{i}].time"),
+        str(o.get("detail", "")),
+        detector=detector,
+        covers=_strings(o.get("covers", []), where, f"observations[{i}].covers"),
+        silenced=_bool(o.get("silenced", False), where, f"observations[{i}].silenced"),
     )
 
 
