@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
