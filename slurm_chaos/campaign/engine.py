@@ -76,7 +76,7 @@ class Shape:
 
     @property
     def label(self) -> str:
-        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode.value}"
+        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode}"
 
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
