@@ -447,6 +447,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _cleanup(args: argparse.Namespace) -> int:
     from slurm_chaos.campaign.commands import cleanup_site
+    from slurm_chaos.faults.journal import any_failed
     from slurm_chaos.hostlist import expand_hostlist
 
     nodes = expand_hostlist(args.nodes) if args.nodes else None
@@ -455,7 +456,7 @@ def _cleanup(args: argparse.Namespace) -> int:
         print(f"reverted {line}")
     if not done:
         print("nothing to revert")
-    return 1 if any(line.startswith("FAILED") for line in done) else 0
+    return 1 if any_failed(done) else 0
 
 
 def _rank_nodes(args: argparse.Namespace) -> int:

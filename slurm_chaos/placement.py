@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from slurm_chaos.analysis.straggler import SLOW_COMPUTE, STEPS_READ, compute_matrix, straggler_scores
+from slurm_chaos.analysis.model import StragglerKind
+from slurm_chaos.analysis.straggler import STEPS_READ, compute_matrix, straggler_scores
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.probe.reader import RunData, read_run
 from slurm_chaos.slurm.model import NodeInfo
@@ -83,7 +84,7 @@ def rank_nodes(run_dirs: Iterable[Path], threshold: float = SLOW_THRESHOLD) -> l
             worst[s.host] = min(worst.get(s.host, 1.0), s.score)
             least[s.host] = min(least.get(s.host, 1.0), work[s.rank])
             counts[s.host] = counts.get(s.host, 0) + 1
-            if s.kind == SLOW_COMPUTE:
+            if s.kind is StragglerKind.SLOW_COMPUTE:
                 flagged[s.host] = flagged.get(s.host, 0) + 1
         for host, score in worst.items():
             per_node.setdefault(host, []).append(score)

@@ -54,7 +54,7 @@ class AACalibration:
     runs: tuple[str, ...]
     min_effect: float
     calibration: Calibration
-    verdicts: dict[str, int]
+    verdicts: dict[Verdict, int]
     largest_change: float  # the largest |regression| between two runs, significant or not
     run_spread: float  # standard deviation of the runs' log median step time
     recommended_min_effect: float
@@ -67,7 +67,7 @@ class AACalibration:
     @property
     def false_alarms(self) -> int:
         """Pairs the A/A control would not have passed."""
-        return sum(n for v, n in self.verdicts.items() if v != Verdict.PASSED.value)
+        return sum(n for v, n in self.verdicts.items() if v is not Verdict.PASSED)
 
     def to_json(self) -> dict[str, Any]:
         c = self.calibration
@@ -82,7 +82,7 @@ class AACalibration:
             "largest_change": round(self.largest_change, 6),
             "run_spread": round(self.run_spread, 6),
             "recommended_min_effect": round(self.recommended_min_effect, 6),
-            "verdicts": dict(sorted(self.verdicts.items())),
+            "verdicts": {v.value: n for v, n in sorted(self.verdicts.items())},
             "ok": self.ok,
         }
 
@@ -148,13 +148,13 @@ def calibrate_series(
         raise DataError(f"A/A calibration needs at least two runs, got {len(series)}")
     control = Expectation(expect_regression=False)
     comparisons = []
-    verdicts: Counter[str] = Counter()
+    verdicts: Counter[Verdict] = Counter()
     for i, (a, b) in enumerate(aa_pairs(list(series))):
         window = _window(b)
         c = compare_series(a, b, window, min_effect=min_effect, seed=SEED + i)
         comparisons.append(c)
         log = ObservationLog(window or FaultWindow(start=0.0), (), control)
-        verdicts[judge(c, log).verdict.value] += 1
+        verdicts[judge(c, log).verdict] += 1
     changes = [abs(c.regression) for c in comparisons if math.isfinite(c.regression)]
     calibration = calibration_of(comparisons, min_effect)
     spread, threshold = between_run_threshold([run_median(x) for x in series])

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from slurm_chaos.analysis.model import Comparison, StragglerScore, comparison_json
+from slurm_chaos.analysis.model import Comparison, StragglerKind, StragglerScore, comparison_json
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT, compare_runs
 from slurm_chaos.analysis.report import (
     RENDERERS,
@@ -54,7 +54,7 @@ def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(COMPARE_FORMATS)}")
     c, scores = compare_and_localise(read_run(baseline, STEPS_READ), read_run(fault, STEPS_READ), min_effect)
     slow = stragglers(scores)
-    waiters = sum(s.kind == "waits_in_allreduce" for s in scores)
+    waiters = sum(s.kind is StragglerKind.WAITS for s in scores)
     record = _compare_record(c, slow, waiters)
     if fmt == "json":
         return json.dumps(record, indent=2, sort_keys=True) + "\n"

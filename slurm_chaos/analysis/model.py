@@ -57,13 +57,17 @@ class Comparison:
     onset_time: float | None = None
 
 
+class StragglerKind(StrEnum):
+    """Why a rank is as fast as it is; the value is the word the report's JSON writes."""
+
+    SLOW_COMPUTE = "slow_compute"  # this rank computes slowly
+    WAITS = "waits_in_allreduce"  # it is fast but spends the difference waiting for a slow peer
+    NORMAL = "normal"
+
+
 @dataclass(frozen=True)
 class StragglerScore:
-    """One rank's speed relative to the fastest rank: 1.0 is the fastest, lower is slower.
-
-    ``kind`` is "slow_compute" (this rank computes slowly), "waits_in_allreduce" (it is fast but
-    spends the difference waiting for a slow peer) or "normal".
-    """
+    """One rank's speed relative to the fastest rank: 1.0 is the fastest, lower is slower."""
 
     rank: int
     host: str
@@ -71,7 +75,7 @@ class StragglerScore:
     score: float
     compute_median: float
     comm_median: float
-    kind: str
+    kind: StragglerKind
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ def straggler_json(s: StragglerScore) -> dict[str, Any]:
         "host": s.host,
         "gpu": s.gpu,
         "score": _round(s.score, 4),
-        "kind": s.kind,
+        "kind": s.kind.value,
         "compute_median_s": _round(s.compute_median),
         "comm_median_s": _round(s.comm_median),
     }

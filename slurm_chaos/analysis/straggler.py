@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.model import StragglerScore
+from slurm_chaos.analysis.model import StragglerKind, StragglerScore
 from slurm_chaos.probe.reader import RunData, Selection
 
 FloatArray = npt.NDArray[np.float64]
@@ -24,9 +24,6 @@ STEPS_READ = Selection(
     fields=("step_time", "compute_time", "comm_time"), events=False, telemetry=False, allreduce=False
 )
 
-SLOW_COMPUTE = "slow_compute"
-WAITS = "waits_in_allreduce"
-NORMAL = "normal"
 # A rank must compute at least this much slower than the typical rank to be called a straggler,
 # more if the ranks' medians are spread wider than that anyway.
 MIN_SLOWDOWN = 0.05
@@ -124,23 +121,23 @@ def _leave_one_out_medians(per_step: FloatArray, ranks: list[int]) -> FloatArray
     return np.asarray(0.5 * (low + high), dtype=np.float64)
 
 
-def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[str]:
+def _kinds(compute: FloatArray, comm: FloatArray, slow: BoolArray) -> list[StragglerKind]:
     if not slow.any():
-        return [NORMAL] * len(compute)
+        return [StragglerKind.NORMAL] * len(compute)
     slow_compute = float(compute[slow].min())
     slow_comm = float(np.median(comm[slow]))
-    kinds = []
+    kinds: list[StragglerKind] = []
     for c, w, is_slow in zip(compute, comm, slow, strict=False):
         if is_slow:
-            kinds.append(SLOW_COMPUTE)
+            kinds.append(StragglerKind.SLOW_COMPUTE)
         # A waiter's extra communication time covers at least half of the compute gap to the straggler.
         elif w - slow_comm >= 0.5 * (slow_compute - c):
-            kinds.append(WAITS)
+            kinds.append(StragglerKind.WAITS)
         else:
-            kinds.append(NORMAL)
+            kinds.append(StragglerKind.NORMAL)
     return kinds
 
 
 def stragglers(scores: tuple[StragglerScore, ...]) -> tuple[StragglerScore, ...]:
     """Only the ranks that compute slowly, slowest first."""
-    return tuple(s for s in scores if s.kind == SLOW_COMPUTE)
+    return tuple(s for s in scores if s.kind is StragglerKind.SLOW_COMPUTE)

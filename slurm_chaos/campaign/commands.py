@@ -17,6 +17,7 @@ from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.errors import ConfigError, UsageError
 from slurm_chaos.experiment import Experiment, experiment_json, load_experiment
+from slurm_chaos.faults.journal import Outcome
 from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
 from slurm_chaos.rundir import CONTROLLER_JOURNAL, read_manifest
@@ -186,7 +187,7 @@ def execute(camp: Campaign) -> tuple[str, int]:
     return text, code
 
 
-def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None) -> list[str]:
+def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None) -> list[Outcome]:
     """Revert leftovers: node faults whose job ended or whose deadline passed, and a run's controller faults.
 
     The node journals are read where this runs: in the sandbox every node's journal is on this
@@ -200,9 +201,10 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
     done = cleanup(site_journal_root(site), nodes, runner)
     if run_dir is not None:
         conn = connect(site)
-        done += cancel_run_jobs(run_dir, conn.scheduler)
+        lines = cancel_run_jobs(run_dir, conn.scheduler)
         journal = controller.ControllerJournal(run_dir / CONTROLLER_JOURNAL)
-        done += controller.rollback(journal, conn.scheduler, conn.control, conn.clock)
+        lines += controller.rollback(journal, conn.scheduler, conn.control, conn.clock)
+        done += [Outcome(line) for line in lines]
     return done
 
 

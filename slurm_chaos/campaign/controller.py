@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_chaos.clock import Clock, SystemClock
+from slurm_chaos.enums import parse_enum
 from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.faults.catalogue import Where
 from slurm_chaos.faults.spec import FaultRequest
@@ -141,7 +142,7 @@ class ControllerJournal:
         """Every change of one kind made for an experiment (done or undone)."""
         if not self.path.exists():
             return []
-        return [a for a in self._read() if a.experiment == experiment and a.kind == kind and not a.undone]
+        return [a for a in self._read() if a.experiment == experiment and a.kind is kind and not a.undone]
 
     def _read(self) -> list[Action]:
         found = []
@@ -150,7 +151,7 @@ class ControllerJournal:
                 continue
             try:
                 raw = json.loads(line)
-                found.append(Action(**{**raw, "kind": ActionKind(raw["kind"])}))
+                found.append(Action(**{**raw, "kind": parse_enum(ActionKind, raw["kind"])}))
             except (ValueError, TypeError, KeyError) as exc:
                 raise ChaosError(f"{self.path}: line {i}: not a journal entry ({exc})") from exc
         return found
@@ -209,8 +210,8 @@ def rollback(
             else:
                 control.restore(a.node)
         except (ChaosError, KeyError, ValueError) as exc:
-            log.warning("rollback of %s %s failed: %s", a.kind.value, a.node, exc)
+            log.warning("rollback of %s %s failed: %s", a.kind, a.node, exc)
             continue
         journal.record(Action(clock.time(), a.experiment, a.kind, a.node, undone=True))
-        undone.append(f"{a.kind.value} {a.node}")
+        undone.append(f"{a.kind} {a.node}")
     return undone

@@ -76,7 +76,7 @@ class Shape:
 
     @property
     def label(self) -> str:
-        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode.value}"
+        return f"n{self.nodes}-t{self.tasks_per_node}-s{self.steps}-{self.mode}"
 
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
@@ -337,7 +337,7 @@ def watch(
         if info is not None:
             job = _updated(job, info, camp.clock.time())
             camp.manifest.put_job(job)
-            camp.progress.job(title, job.job_id, info.state.value, job.started)
+            camp.progress.job(title, job.job_id, info.state, job.started)
             while pending and exp is not None and _due(camp, pending[0], job, job_dir):
                 injections.append(inject(camp, exp, pending.pop(0), job))
             if not released and not pending and job.started is not None:
@@ -350,7 +350,7 @@ def watch(
             if info.state.is_terminal and info.state != JobState.REQUEUED:
                 camp.active.discard(job.job_id)
                 camp.save()
-                camp.progress.done(title, job.job_id, info.state.value)
+                camp.progress.done(title, job.job_id, info.state)
                 seen = watcher.nodes_seen if watcher else set()
                 return Watched(
                     job,
@@ -458,8 +458,7 @@ def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, ti
     watched = watch(camp, job, title)
     if watched.crashed:
         raise ChaosError(
-            f"{title}: job {job.job_id} ended {watched.final.state.value}; "
-            f"see {job_dir}/slurm-{job.job_id}.out"
+            f"{title}: job {job.job_id} ended {watched.final.state}; see {job_dir}/slurm-{job.job_id}.out"
         )
     camp.manifest.timings[f"{label}.run"] = camp.clock.monotonic() - t0
     return job_dir

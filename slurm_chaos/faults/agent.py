@@ -36,9 +36,11 @@ from slurm_chaos.faults.journal import (
     Journal,
     JournalClosed,
     Json,
+    Outcome,
     Undo,
     UndoContext,
     UndoFailed,
+    any_failed,
     undo_action,
 )
 from slurm_chaos.faults.node_base import APPLIERS, Controller, JobContext, log
@@ -364,13 +366,13 @@ def apply(
     return ApplyResult(*done, pid, failed=tuple(failed))
 
 
-def undo(job_id: str, node: str, journal_root: Path, runner: Runner) -> list[str]:
+def undo(job_id: str, node: str, journal_root: Path, runner: Runner) -> list[Outcome]:
     """Stop the job's agent and revert its journal on this node; returns what was done."""
     journal = Journal(journal_root, node, job_id)
     if not journal.path.exists():
         return []
     result = revert_journal(journal, runner, by=f"undo (pid {os.getpid()})")
-    return list(result.undone) + [f"FAILED: {line}" for line in result.failed]
+    return result.outcomes()
 
 
 # --------------------------------------------------------------------------------- CLI
@@ -494,13 +496,13 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
             lines = undo(args.job, args.node, args.journal_root, run)
             for line in lines:
                 log.info("undo: %s", line)
-            return 1 if any(line.startswith("FAILED") for line in lines) else 0
+            return 1 if any_failed(lines) else 0
         else:
             nodes = expand_hostlist(args.nodes) or None
             lines = cleanup(args.journal_root, nodes, run)
             for line in lines:
                 print(line)
-            return 1 if any(line.startswith("FAILED") for line in lines) else 0
+            return 1 if any_failed(lines) else 0
     except ChaosError as exc:
         log.error("%s", exc)
         return exc.exit_code

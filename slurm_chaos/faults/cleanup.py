@@ -18,7 +18,16 @@ from pathlib import Path
 
 from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
 from slurm_chaos.faults.authz import GRANT_SUFFIX, expired_grants
-from slurm_chaos.faults.journal import Header, Journal, Reverted, State, UndoContext, journals, revert
+from slurm_chaos.faults.journal import (
+    Header,
+    Journal,
+    Outcome,
+    Reverted,
+    State,
+    UndoContext,
+    journals,
+    revert,
+)
 from slurm_chaos.runner import Completed, Runner
 from slurm_chaos.slurm.cli_backend import SlurmCLI
 from slurm_chaos.slurm.protocol import Scheduler
@@ -120,17 +129,17 @@ def cleanup(
     job_running: JobProbe | None = None,
     now: float | None = None,
     grant_default_s: float = GRANT_DEFAULT_S,
-) -> list[str]:
+) -> list[Outcome]:
     """Revert stale journals under `journal_root` (of `nodes` only, if given) and remove expired
     grants; returns what was done.
 
     A journal is stale when its deadline passed, its job ended (asked of the controller unless
-    `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too,
-    prefixed 'FAILED:', and stay pending for the next run. A grant expires at its ``until``.
+    `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too
+    (``Outcome.failed``), and stay pending for the next run. A grant expires at its ``until``.
     """
     probe = job_running or node_scheduler(runner).job_running
     t = time.time() if now is None else now
-    out: list[str] = []
+    out: list[Outcome] = []
     for journal in journals(journal_root, nodes):
         state = journal.read()
         if not state.pending():
@@ -139,15 +148,14 @@ def cleanup(
         if reason is None:
             continue
         result = revert_journal(journal, runner, by=f"cleanup ({reason})")
-        out += [f"{line} [{reason}]" for line in result.undone]
-        out += [f"FAILED: {line}" for line in result.failed]
+        out += result.outcomes(note=f" [{reason}]")
     expired = expired_grants(journal_root, nodes, t, grant_default_s)
     for path in grant_files(journal_root, nodes):
         job_id = path.name[: -len(GRANT_SUFFIX)]
         reason = "expired" if path in expired else "job no longer running" if probe(job_id) is False else None
         if reason:
             path.unlink(missing_ok=True)
-            out.append(f"grant {path} removed [{reason}]")
+            out.append(Outcome(f"grant {path} removed [{reason}]"))
     return out
 
 

@@ -23,7 +23,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
@@ -334,12 +334,34 @@ def run_undo(undo: Undo, ctx: UndoContext) -> str:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """One thing an undo or a cleanup did, or failed to do (a failed change stays pending)."""
+
+    what: str
+    failed: bool = False
+
+    def __str__(self) -> str:
+        # The hooks' log and `cleanup` print a failure so, as they did before outcomes had a type.
+        return f"FAILED: {self.what}" if self.failed else self.what
+
+
+def any_failed(outcomes: Iterable[Outcome]) -> bool:
+    return any(o.failed for o in outcomes)
+
+
+@dataclass(frozen=True)
 class Reverted:
     """Outcome of reverting one journal: what was undone, and what failed (still pending)."""
 
     journal: Path
     undone: tuple[str, ...]
     failed: tuple[str, ...]
+
+    def outcomes(self, note: str = "") -> list[Outcome]:
+        """What was undone (each with `note` after it), then what failed."""
+        return [Outcome(f"{line}{note}") for line in self.undone] + [
+            Outcome(line, failed=True) for line in self.failed
+        ]
 
 
 def revert(journal: Journal, ctx: UndoContext, by: str, skip_pid: int | None = None) -> Reverted:

@@ -13,8 +13,7 @@ from typing import NoReturn
 from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.rendezvous import SOURCES
 from slurm_chaos.probe.run import ProbeConfig, run_probe, summary_json
-
-MODES = ("train", "allreduce")
+from slurm_chaos.probe.schema import ProbeMode
 
 
 def _positive_int(text: str) -> int:
@@ -61,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train: steps of the whole job (a resumed job continues to it); allreduce: iterations per size",
     )
     p.add_argument("--out", type=Path, required=True, help="run directory for rank-<R>.h5")
-    p.add_argument("--mode", choices=MODES, default="train")
+    # argparse checks the word against the choices and names them: ProbeMode(word) cannot fail.
+    p.add_argument("--mode", choices=[m.value for m in ProbeMode], default=ProbeMode.TRAIN.value)
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="tiny")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
@@ -119,12 +119,12 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
     a = build_parser().parse_args(argv)
     if a.max_bytes is not None and a.max_bytes < a.min_bytes:
         raise UsageError(f"--max-bytes {a.max_bytes} is smaller than --min-bytes {a.min_bytes}")
-    if a.hold_file is not None and a.mode != "train":
+    if a.hold_file is not None and ProbeMode(a.mode) is not ProbeMode.TRAIN:
         raise UsageError("--hold-file: only mode train holds (allreduce runs a fixed sweep)")
     return ProbeConfig(
         steps=a.steps,
         out=a.out,
-        mode=a.mode,
+        mode=ProbeMode(a.mode),
         model_size=a.model_size,
         seed=a.seed,
         progress_every=a.progress_every,

@@ -20,7 +20,7 @@ from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
-from slurm_chaos.probe.schema import rank_file_name
+from slurm_chaos.probe.schema import ProbeMode, rank_file_name
 from slurm_chaos.probe.workload import CollectiveFailed, collective
 from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
 
@@ -46,7 +46,7 @@ class ProbeConfig:
 
     steps: int
     out: Path
-    mode: str = "train"
+    mode: ProbeMode = ProbeMode.TRAIN
     model_size: str = "tiny"
     seed: int = 1234
     progress_every: int = 10
@@ -75,7 +75,7 @@ class ProbeConfig:
 class Summary:
     """The final one-line JSON rank 0 prints."""
 
-    mode: str
+    mode: ProbeMode
     rank: int
     steps: int
     last_step: int
@@ -175,7 +175,7 @@ def _run_in_group(cfg: ProbeConfig, rv: Rendezvous, device: Any, backend: str) -
     gpu = tel.gpu_info(device.index or 0, nvml) if device.type == "cuda" else None
     if nvml is None:
         _say(rv.rank, f"GPU telemetry off: {why}")
-    if cfg.mode == "allreduce":
+    if cfg.mode is ProbeMode.ALLREDUCE:
         return _run_allreduce(cfg, rv, device, backend, host, gpu)
     return _run_train(cfg, rv, device, backend, host, gpu, nvml)
 
@@ -195,7 +195,7 @@ def _attrs(
         "restart_count": rv.restart_count,
         "rendezvous": rv.source,
         "start_time": time.time(),
-        "mode": cfg.mode,
+        "mode": cfg.mode.value,
         "backend": backend,
         "model_size": cfg.model_size,
         "seed": cfg.seed,

@@ -53,6 +53,20 @@ h5py's ``swmr=True``) while it is being written or after its writer was killed.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class ProbeMode(StrEnum):
+    """What the probe runs (``--mode``, the ``mode`` attribute): a training loop or bare all-reduces.
+
+    The same words as an experiment's ``mode`` (``experiment.Mode``; a unit test holds them equal):
+    the probe runs in the site's own Python, which need not have what the experiment loader imports.
+    """
+
+    TRAIN = "train"
+    ALLREDUCE = "allreduce"
+
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 META_ATTR = "meta"

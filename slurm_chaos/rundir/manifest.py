@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_chaos import __version__
+from slurm_chaos.enums import parse_enum
 from slurm_chaos.errors import DataError
 from slurm_chaos.rundir.layout import MANIFEST, Role
 from slurm_chaos.slurm.model import JobState
@@ -223,10 +224,9 @@ def _job(raw: object, path: Path, i: int) -> SubmittedJob:
 
 def _enum(kind: type[E], value: object, path: Path, key: str) -> E:
     try:
-        return kind(str(value)) if isinstance(value, str) else kind(None)  # type: ignore[arg-type]
-    except ValueError:
-        known = ", ".join(m.value for m in kind)
-        raise DataError(f"{path}: {key}: expected one of {known}, got {value!r}") from None
+        return parse_enum(kind, value)
+    except ValueError as exc:
+        raise DataError(f"{path}: {key}: {exc}") from None
 
 
 def _is_number(value: object) -> bool:

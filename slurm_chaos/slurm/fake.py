@@ -163,7 +163,7 @@ class FakeScheduler:
         frames = self._frames.get(job_id)
         if not frames:
             return False  # the controller does not know it: it ended long ago
-        return frames[0].state.value not in parse.ENDED_STATES
+        return frames[0].state not in parse.ENDED_STATES
 
     def time_left(self, job_id: str) -> float | None:
         self._call("time_left", job_id)

@@ -146,14 +146,14 @@ def parse_sbatch_parsable(stdout: str) -> str:
 #: Job states (squeue %T) after which nothing of the job runs on its nodes any more: the terminal
 #: ones, and a job back in the queue (pending, requeued, special exit), whose processes are gone too.
 ENDED_STATES = frozenset(
-    {s.value for s in JobState if s.is_terminal} | {"PENDING", "REQUEUED", "SPECIAL_EXIT"}
+    {s for s in JobState if s.is_terminal} | {JobState.PENDING, JobState.REQUEUED, JobState.SPECIAL_EXIT}
 )
 
 
 def parse_job_running(stdout: str) -> bool:
     """`squeue -h -j J -o %T` -> whether the job still runs on its nodes (no line: it ended)."""
     state = stdout.strip().split("\n")[0].strip()
-    return bool(state) and state not in ENDED_STATES
+    return bool(state) and JobState.parse(state) not in ENDED_STATES
 
 
 def parse_time_left(text: str) -> float | None:

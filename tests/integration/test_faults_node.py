@@ -30,7 +30,7 @@ from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.authz import SPEC_MARK
 from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
-from slurm_chaos.faults.journal import Journal, Undo
+from slurm_chaos.faults.journal import Journal, Undo, any_failed
 from slurm_chaos.faults.node_base import MARKER_ENV
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
@@ -762,10 +762,10 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
         reverted = cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env))
     finally:
         hook.chmod(0o755)
-    assert any("job no longer running" in line and "netem" in line for line in reverted), reverted
-    assert any(f"umount {ckpt} (slurm-chaos-ckpt-{job}-overlay-" in line for line in reverted), reverted
+    assert any("job no longer running" in o.what and "netem" in o.what for o in reverted), reverted
+    assert any(f"umount {ckpt} (slurm-chaos-ckpt-{job}-overlay-" in o.what for o in reverted), reverted
     assert not ckpt.exists()
-    assert not any(line.startswith("FAILED") for line in reverted), reverted
+    assert not any_failed(reverted), reverted
     assert cluster.snapshot("node4") == before
     assert cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env)) == []
 

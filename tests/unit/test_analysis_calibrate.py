@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_chaos.analysis.calibrate import calibrate_dirs
+from slurm_chaos.analysis.model import Verdict
 from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.campaign.calibrate import write_calibration
 from slurm_chaos.cli import main
@@ -31,10 +32,11 @@ def test_quiet_runs_calibrate_ok(tmp_path: Path) -> None:
     result = calibrate_dirs(runs(tmp_path, 6), min_effect=0.05)
     assert result.calibration.n_pairs == 15
     assert result.calibration.false_positives == 0 and result.ok
-    assert result.verdicts == {"PASSED": 15}
+    assert result.verdicts == {Verdict.PASSED: 15}
     assert 0 < result.largest_change < 0.05
     record = json.loads(json.dumps(result.to_json()))
     assert record["false_positive_rate"] == 0.0 and record["ok"] is True
+    assert record["verdicts"] == {"PASSED": 15} and all(type(k) is str for k in result.to_json()["verdicts"])
 
 
 def test_drifting_runs_are_flagged_as_too_noisy(tmp_path: Path) -> None:
@@ -43,7 +45,7 @@ def test_drifting_runs_are_flagged_as_too_noisy(tmp_path: Path) -> None:
     assert result.calibration.false_positives == 6 and not result.ok
     # The later run of each pair is the slower one: an A/A control that slows down is too noisy to
     # judge, never a blind spot.
-    assert result.verdicts == {"INCONCLUSIVE": 6} and result.false_alarms == 6
+    assert result.verdicts == {Verdict.INCONCLUSIVE: 6} and result.false_alarms == 6
     assert result.calibration.min_effect_for_1pct > 0.09
     assert "TOO NOISY" in result.summary()
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from slurm_chaos.analysis.model import StragglerKind, straggler_json
 from slurm_chaos.analysis.straggler import (
-    NORMAL,
-    SLOW_COMPUTE,
-    WAITS,
     _leave_one_out_medians,
     straggler_scores,
     stragglers,
@@ -37,8 +36,8 @@ def test_slow_rank_is_named_with_host_and_gpu(tmp_path: Path) -> None:
 def test_waiters_are_told_apart_from_the_slow_rank(tmp_path: Path) -> None:
     run = read_run(write_run(tmp_path / "fault", simulate(replace(MODEL, slow_rank=2, slow_rank_factor=0.3))))
     by_rank = {s.rank: s for s in straggler_scores(run)}
-    assert by_rank[2].kind == SLOW_COMPUTE
-    assert all(by_rank[r].kind == WAITS for r in by_rank if r != 2)
+    assert by_rank[2].kind is StragglerKind.SLOW_COMPUTE
+    assert all(by_rank[r].kind is StragglerKind.WAITS for r in by_rank if r != 2)
     # The slow rank computes long and waits little; the others the other way round.
     assert by_rank[2].comm_median < min(by_rank[r].comm_median for r in by_rank if r != 2)
     assert by_rank[2].compute_median > 1.25 * max(by_rank[r].compute_median for r in by_rank if r != 2)
@@ -46,11 +45,18 @@ def test_waiters_are_told_apart_from_the_slow_rank(tmp_path: Path) -> None:
     assert run.matrix("step_time").std(axis=0).max() < 1e-9
 
 
+def test_the_report_writes_each_kind_as_the_word_it_always_wrote(tmp_path: Path) -> None:
+    run = read_run(write_run(tmp_path / "fault", simulate(replace(MODEL, slow_rank=2, slow_rank_factor=0.3))))
+    words = {json.loads(json.dumps(straggler_json(s)))["kind"] for s in straggler_scores(run)}
+    assert words == {"slow_compute", "waits_in_allreduce"}
+    assert all(type(straggler_json(s)["kind"]) is str for s in straggler_scores(run))
+
+
 def test_uniform_slowdown_has_no_straggler(tmp_path: Path) -> None:
     run = read_run(write_run(tmp_path / "fault", simulate(replace(MODEL, slowdown=0.5))))
     scores = straggler_scores(run)
     assert stragglers(scores) == ()
-    assert {s.kind for s in scores} == {NORMAL}
+    assert {s.kind for s in scores} == {StragglerKind.NORMAL}
     assert min(s.score for s in scores) > 0.95
 
 

@@ -87,3 +87,10 @@ def test_the_experiment_enums_are_the_schemas() -> None:
     assert [s.value for s in Strategy] == props["strategy"]["enum"]
     assert [m.value for m in Mode] == props["mode"]["enum"]
     assert [r.value for r in Remediation] == props["expect"]["properties"]["remediation"]["items"]["enum"]
+
+
+def test_an_experiment_mode_is_a_mode_the_probe_runs() -> None:
+    from slurm_chaos.experiment import Mode
+    from slurm_chaos.probe.schema import ProbeMode
+
+    assert [m.value for m in Mode] == [m.value for m in ProbeMode]

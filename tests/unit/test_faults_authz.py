@@ -371,7 +371,7 @@ def test_cleanup_removes_expired_grants_and_those_of_ended_jobs(tmp_path: Path) 
     assert not mark_tidy(tmp_path, "node1")  # grants left: the epilog keeps looking
     ended = lambda job: False if job == "3" else None  # noqa: E731
     lines = cleanup(tmp_path, ["node1"], runner, ended, now=200, grant_default_s=50)
-    assert sorted(lines) == [
+    assert sorted(str(o) for o in lines) == [
         f"grant {node_dir / '1.grant'} removed [expired]",
         f"grant {node_dir / '3.grant'} removed [job no longer running]",
         f"grant {node_dir / '4.grant'} removed [expired]",

@@ -14,7 +14,7 @@ from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import agent
 from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, node_scheduler, stale_reason
 from slurm_chaos.faults.install_hooks import install_hooks
-from slurm_chaos.faults.journal import Header, Journal, Undo
+from slurm_chaos.faults.journal import Header, Journal, Outcome, Undo, any_failed
 from slurm_chaos.faults.node_base import JobContext
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.fake import FakeScheduler
@@ -155,7 +155,7 @@ def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
     assert res.agent_pid is not None
     assert Path(f"/proc/{res.agent_pid}").exists()
     lines = agent.undo("15", "node1", tmp_path, sim.runner)
-    assert any("agent pid" in line for line in lines)
+    assert any("agent pid" in o.what and not o.failed for o in lines)
     time.sleep(0.2)
     stat = Path(f"/proc/{res.agent_pid}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
@@ -183,10 +183,33 @@ def test_cleanup_reverts_only_stale_journals(tmp_path: Path) -> None:
     Journal(tmp_path, "node2", "3").record("a", "expired", Undo(argv=("undo", "3")), time.time() - 1)
     out = cleanup(tmp_path, None, runner, job_running=lambda job: job == "2" or job == "3")
     assert sorted(runner.calls) == [("undo", "1"), ("undo", "3")]
-    assert any("job no longer running" in line for line in out)
-    assert any("deadline passed" in line for line in out)
+    assert any("job no longer running" in o.what for o in out)
+    assert any("deadline passed" in o.what for o in out)
+    assert not any_failed(out)
     assert cleanup(tmp_path, None, runner, job_running=lambda job: False) != []  # job 2 ended now
     assert cleanup(tmp_path, None, runner, job_running=lambda job: False) == []
+
+
+def test_a_failed_undo_is_an_outcome_that_fails_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def respond(argv: tuple[str, ...]) -> Completed:
+        return Completed(argv, 1, "", "boom") if argv == ("undo", "2") else Completed(argv, 0, "", "")
+
+    runner = FakeRunner(respond)
+    Journal(tmp_path, "node1", "1").record("a", "one", Undo(argv=("undo", "1")), time.time() - 1)
+    Journal(tmp_path, "node1", "2").record("a", "two", Undo(argv=("undo", "2")), time.time() - 1)
+    out = cleanup(tmp_path, None, runner, job_running=lambda job: False)
+    assert [o.failed for o in out] == [False, True] and any_failed(out)
+    assert out[1] == Outcome(out[1].what, failed=True) and "boom" in out[1].what
+    # What the hooks log and `cleanup` prints is the text it was before outcomes had a type.
+    assert str(out[1]) == f"FAILED: {out[1].what}" and str(out[0]) == out[0].what
+    monkeypatch.setattr(agent, "setup_logging", lambda log_file: None)
+    assert agent.main(["--journal-root", str(tmp_path), "cleanup"], runner=runner) == 1
+    assert capsys.readouterr().out.splitlines() == [f"FAILED: {out[1].what}"]  # still pending
+    fixed = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    assert agent.main(["--journal-root", str(tmp_path), "cleanup"], runner=fixed) == 0
+    assert capsys.readouterr().out.startswith("node1 job 2 a: two -> ")
 
 
 def test_cleanup_asks_the_controller_and_reverts_only_ended_jobs(tmp_path: Path) -> None:
@@ -198,7 +221,7 @@ def test_cleanup_asks_the_controller_and_reverts_only_ended_jobs(tmp_path: Path)
     scheduler = FakeScheduler(running={"1": True, "2": False, "3": None})
     out = cleanup(tmp_path, None, runner, job_running=scheduler.job_running)
     assert runner.calls == [("undo", "2")]
-    assert len(out) == 1 and out[0].endswith("[job no longer running]")
+    assert len(out) == 1 and out[0].what.endswith("[job no longer running]") and not out[0].failed
     assert sorted(scheduler.called("job_running")) == [("1",), ("2",), ("3",)]
     # Unreachable, it cannot tell about any: nothing is reverted before its deadline.
     unreachable = FakeScheduler(running={"1": False}, unreachable="Unable to contact slurm controller")

@@ -350,6 +350,20 @@ def test_a_hold_nobody_releases_ends_at_its_limit(tmp_path: Path) -> None:
         assert len(rk.step) >= 10
 
 
+def test_mode_is_read_into_its_enum_and_an_unknown_one_names_the_modes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from slurm_chaos.probe.cli import parse
+    from slurm_chaos.probe.schema import ProbeMode
+
+    assert parse(["--steps", "5", "--out", "/tmp/x"]).mode is ProbeMode.TRAIN
+    assert parse(["--steps", "5", "--out", "/tmp/x", "--mode", "allreduce"]).mode is ProbeMode.ALLREDUCE
+    with pytest.raises(SystemExit) as exc:
+        parse(["--steps", "5", "--out", "/tmp/x", "--mode", "inference"])
+    assert exc.value.code == 2
+    assert "--mode: invalid choice: 'inference' (choose from 'train', 'allreduce')" in capsys.readouterr().err
+
+
 def test_hold_is_for_training_only() -> None:
     from slurm_chaos.errors import UsageError
     from slurm_chaos.probe.cli import parse
