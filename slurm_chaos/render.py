@@ -14,7 +14,7 @@ import jinja2
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
-from slurm_chaos.experiment import Experiment
+from slurm_chaos.experiment import Experiment, with_site_deadlines
 from slurm_chaos.resources import shipped
 from slurm_chaos.rundir.layout import RELEASE, Role
 from slurm_chaos.site import Site
@@ -105,6 +105,7 @@ def fault_spec(site: Site, experiment: Experiment, role: Role, run_id: str) -> s
 def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str) -> str:
     """The text of one sbatch script."""
     role = Role(role)
+    experiment = with_site_deadlines(experiment, site.monitoring.deadlines)  # the hold's limit
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     hold = experiment.hold_limit_s if role is Role.FAULT else None
