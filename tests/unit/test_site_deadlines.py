@@ -124,3 +124,11 @@ def test_the_campaign_holds_and_judges_by_the_sites_deadline(tmp_path: Path) -> 
     # `slurm-chaos render` (a dry run) renders the same hold.
     text = render_job(site, load_experiment("gpu-xid"), Role.FAULT, tmp_path / "f", "dry-run")
     assert "--hold-max-s 630" in text
+
+
+def test_the_dry_run_plan_shows_the_effective_deadline(tmp_path: Path) -> None:
+    from slurm_chaos.campaign.commands import plan_json
+
+    site = load_site(_site(tmp_path, {"gpu_xid": {"detect_within_s": 600}}))
+    (entry,) = plan_json(site, [load_experiment("gpu-xid")])["experiments"]
+    assert entry["expect"]["detect_within_s"] == 600
