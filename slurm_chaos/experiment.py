@@ -7,17 +7,21 @@ named by the user. Validated against `schemas/experiment.schema.json`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import yaml
 
 from slurm_chaos.errors import ConfigError, UsageError
 from slurm_chaos.resources import shipped
+
+if TYPE_CHECKING:
+    from slurm_chaos.site import Deadline
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.json"
 
@@ -187,6 +191,31 @@ def _check_signal_kinds(path: Path, detect: list[str]) -> None:
             raise ConfigError(
                 str(path), f"expect.detect.{i}", f"unknown signal kind {kind!r} (known: {', '.join(known)})"
             )
+
+
+def signal_kinds_named(expect: Expect) -> tuple[str, ...]:
+    """The signal kinds an expectation names (its ``signal:<kind>`` entries), in order."""
+    from slurm_chaos.site import SIGNAL_KIND
+
+    return tuple(e.removeprefix(SIGNAL_KIND) for e in expect.detect if e.startswith(SIGNAL_KIND))
+
+
+def with_site_deadlines(exp: Experiment, deadlines: Mapping[str, Deadline]) -> Experiment:
+    """The experiment with the site's deadlines (``monitoring.deadlines``) for the signal kinds it
+    names in place of its own; where it names several the site overrides, the longest holds (any
+    one of them counts as the detection). Kinds it does not name change nothing."""
+    named = [deadlines[k] for k in signal_kinds_named(exp.expect) if k in deadlines]
+    detect = [d.detect_within_s for d in named if d.detect_within_s is not None]
+    remediate = [d.remediate_within_s for d in named if d.remediate_within_s is not None]
+    if not detect and not remediate:
+        return exp
+    e = exp.expect
+    expect = replace(
+        e,
+        detect_within_s=max(detect) if detect else e.detect_within_s,
+        remediate_within_s=max(remediate) if remediate else e.remediate_within_s,
+    )
+    return replace(exp, expect=expect)
 
 
 def _directories(extra: tuple[Path, ...]) -> tuple[Path, ...]:

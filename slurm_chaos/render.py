@@ -14,7 +14,7 @@ import jinja2
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
-from slurm_chaos.experiment import Experiment
+from slurm_chaos.experiment import Experiment, with_site_deadlines
 from slurm_chaos.resources import shipped
 from slurm_chaos.rundir.layout import RELEASE, Role
 from slurm_chaos.site import Site
@@ -105,6 +105,7 @@ def fault_spec(site: Site, experiment: Experiment, role: Role, run_id: str) -> s
 def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str) -> str:
     """The text of one sbatch script."""
     role = Role(role)
+    experiment = with_site_deadlines(experiment, site.monitoring.deadlines)  # the hold's limit
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     hold = experiment.hold_limit_s if role is Role.FAULT else None
@@ -123,7 +124,20 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
         fault_spec=fault_spec(site, experiment, role, run_id),
         hold_file=None if hold is None else str(job_dir / RELEASE),
         hold_max_s=None if hold is None else f"{hold:g}",
+        injection_root=injection_root(site, fault_spec(site, experiment, role, run_id)),
     )
+
+
+def injection_root(site: Site, spec: str | None) -> str | None:
+    """Where the nodes keep their injection records (the journal root), for a SPEC with a fault
+    that keeps one; None: the fault job has nothing to collect."""
+    from slurm_chaos.faults.injection import RECORDED
+    from slurm_chaos.faults.install_hooks import site_journal_root
+    from slurm_chaos.faults.spec import parse_spec
+
+    if not spec or not any(r.name in RECORDED for r in parse_spec(spec)):
+        return None
+    return str(site_journal_root(site))
 
 
 def render_experiment(site: Site, experiment: Experiment, out: Path, run_id: str) -> list[RenderedJob]:

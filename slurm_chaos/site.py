@@ -128,6 +128,15 @@ class Detector:
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """The site's deadlines for one signal kind (``monitoring.deadlines.<kind>``); None: the
+    experiment's own stands."""
+
+    detect_within_s: float | None = None
+    remediate_within_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Monitoring:
     prometheus: str | None = None
     alertmanager: str | None = None
@@ -135,6 +144,8 @@ class Monitoring:
     healthcheck_signals: tuple[str, ...] = ()
     detectors: tuple[Detector, ...] = ()
     node_labels: tuple[str, ...] = NODE_LABELS
+    #: Signal kind -> this site's deadlines for it, overriding an experiment's (``signal:<kind>``).
+    deadlines: Mapping[str, Deadline] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -453,8 +464,22 @@ def _build(path: Path, d: dict[str, Any], sandbox: str | None) -> Site:
             healthcheck_signals=tuple(mon.get("healthcheck_signals", ())),
             detectors=_detectors(path, mon.get("detectors", [])),
             node_labels=tuple(mon.get("node_labels", NODE_LABELS)),
+            deadlines=_deadlines(path, mon.get("deadlines", {})),
         ),
     )
+
+
+def _deadlines(path: Path, raw: dict[str, dict[str, float]]) -> dict[str, Deadline]:
+    """monitoring.deadlines: each key a signal kind a detector may cover (the schema checked the rest)."""
+    known = signal_kinds()
+    for kind in raw:
+        if kind not in known:
+            raise ConfigError(
+                str(path),
+                f"monitoring.deadlines.{kind}",
+                f"unknown signal kind {kind!r} (known: {', '.join(known)})",
+            )
+    return {kind: Deadline(d.get("detect_within_s"), d.get("remediate_within_s")) for kind, d in raw.items()}
 
 
 def _detectors(path: Path, raw: list[dict[str, Any]]) -> tuple[Detector, ...]:

@@ -14,7 +14,14 @@ from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, straggl
 from slurm_chaos.analysis.verdict import detections, judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
-from slurm_chaos.rundir import OBSERVATIONS, FaultWindow, Observation, ObservationLog, load_observations
+from slurm_chaos.rundir import (
+    OBSERVATIONS,
+    FaultWindow,
+    Observation,
+    ObservationLog,
+    load_injections,
+    load_observations,
+)
 
 FloatArray = npt.NDArray[np.float64]
 # The comparison's and the plots' step fields, and the events the observations take.
@@ -139,7 +146,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
     scores = straggler_scores(fault, steps)
     log = replace(log, observations=_merged(log, probe_observations(fault)))
     lost = lost_steps(fault)
-    j = judge(comparison, log, lost)
+    j = judge(comparison, log, lost, load_injections(exp_dir / "fault"))
     result = ExperimentResult(
         name=name,
         fault=log.fault,

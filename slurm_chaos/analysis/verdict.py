@@ -3,6 +3,9 @@
 Order of the checks (the first that applies wins):
 
 1. training crashed, or lost more steps than allowed -> NOT RECOVERED;
+   the fault's injection took on no node (its node-side records say what was missing: no GPU,
+   no NVML, no DCGM host engine, or a read-back that did not show it) -> NO EFFECT: there was
+   nothing for monitoring to see, so silence is no blind spot;
 2. a detection signal was expected and none came in time (an alert Alertmanager silenced or inhibited
    fired all the same: it counts, and is said to be silenced):
    a significant slowdown -> BLIND SPOT; too noisy to tell -> INCONCLUSIVE; no slowdown although one
@@ -26,7 +29,7 @@ import fnmatch
 from dataclasses import dataclass
 
 from slurm_chaos.analysis.model import Comparison, Detection, Verdict
-from slurm_chaos.rundir import Expectation, Observation, ObservationLog
+from slurm_chaos.rundir import Expectation, InjectionRecord, Observation, ObservationLog
 from slurm_chaos.site import SIGNAL_KIND
 
 # Short remediation names an experiment may use, and the signals that show each happened.
@@ -101,8 +104,21 @@ def _pct(c: Comparison) -> str:
     return f"{100 * c.regression:+.1f}% [{100 * c.ci_low:+.1f}%, {100 * c.ci_high:+.1f}%]"
 
 
-def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Judgement:
-    """Apply the rules in the module docstring."""
+def not_injected(injections: tuple[InjectionRecord, ...]) -> str:
+    """Why nothing was injected, when the records say so on every node; "" when something took
+    (or no fault kept a record: judged as before)."""
+    if not injections or any(r.took for r in injections):
+        return ""
+    return "; ".join(dict.fromkeys(r.detail for r in injections))
+
+
+def judge(
+    c: Comparison | None,
+    log: ObservationLog,
+    lost_steps: int = 0,
+    injections: tuple[InjectionRecord, ...] = (),
+) -> Judgement:
+    """Apply the rules in the module docstring; ``injections``: the fault job's node-side records."""
     e = log.expectation
     start = log.fault_window.start
     wanted = e.detect_signals or DETECTION_SIGNALS
@@ -120,6 +136,9 @@ def judge(c: Comparison | None, log: ObservationLog, lost_steps: int = 0) -> Jud
         return verdict(Verdict.NOT_RECOVERED, "training crashed and did not finish")
     if e.max_lost_steps is not None and lost_steps > e.max_lost_steps:
         return verdict(Verdict.NOT_RECOVERED, f"lost {lost_steps} steps, at most {e.max_lost_steps} allowed")
+    nothing = not_injected(injections)
+    if nothing:
+        return verdict(Verdict.NO_EFFECT, nothing)
     slowed = c is not None and c.significant and c.regression > 0
     noisy = c is None or bool(c.inconclusive_reason)
     aside = _unexpected_change(c) if slowed and not e.expect_regression else ""

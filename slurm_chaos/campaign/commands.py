@@ -16,7 +16,7 @@ from slurm_chaos.campaign.engine import Campaign, open_campaign, run_campaign, s
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.errors import ConfigError, UsageError
-from slurm_chaos.experiment import Experiment, experiment_json, load_experiment
+from slurm_chaos.experiment import Experiment, experiment_json, load_experiment, with_site_deadlines
 from slurm_chaos.faults.journal import Outcome
 from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
@@ -78,7 +78,10 @@ def plan_json(site: Site, experiments: list[Experiment]) -> dict[str, Any]:
         "baselines": [
             {"shape": label, "shared_by": names} for label, names in _baselines(site, experiments).items()
         ],
-        "experiments": [experiment_json(exp) for exp in experiments],
+        # The deadlines the campaign will hold and judge by: the site's where it overrides them.
+        "experiments": [
+            experiment_json(with_site_deadlines(e, site.monitoring.deadlines)) for e in experiments
+        ],
     }
 
 

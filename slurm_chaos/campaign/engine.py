@@ -36,7 +36,7 @@ from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.campaign.remediation import CHECKS, CheckInput, expected_signal
 from slurm_chaos.clock import Backoff, Clock, SystemClock
 from slurm_chaos.errors import ChaosError, SlurmError, UsageError
-from slurm_chaos.experiment import Experiment, Mode
+from slurm_chaos.experiment import Experiment, Mode, with_site_deadlines
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.probe.reader import last_step
@@ -129,6 +129,9 @@ def open_campaign(
     every comparison to what run-to-run noise alone does not reach.
     """
     clock = clock or SystemClock()
+    # From here on (hold, observations.json, verdict) an experiment's deadlines are the site's
+    # where it overrides them.
+    experiments = [with_site_deadlines(e, site.monitoring.deadlines) for e in experiments]
     for exp in experiments:
         check_limits(site, exp)
         controller_faults(site, exp, "check")

@@ -7,6 +7,11 @@ needs a running nv-hostengine; the undo injects the healthy value back. Clock lo
 caps really slow the GPU; the undo resets the clocks or restores the previous limit. On a node
 without GPUs (or without DCGM) the fault says so in the log and changes nothing it cannot.
 
+Each GPU fault records on every node whether its injection took (``faults/injection.py``): a DCGM
+field is read back with ``dcgmi dmon`` after it is injected, a power cap with nvidia-smi (NVML);
+where there was nowhere to inject (no GPU of the job's, no dcgmi, no host engine, no nvidia-smi)
+the record says what was missing, and the verdict is NO EFFECT rather than a blind spot.
+
 Every GPU fault acts only on the job's own GPUs: ``gpu=N`` must be one of the indices slurmd gave
 the job on this node (``SLURM_JOB_GPUS`` in the prolog's environment, which slurmd sets and the
 job cannot; never ``CUDA_VISIBLE_DEVICES``, which is the user's), and the noisy neighbour's GPU
@@ -16,6 +21,7 @@ burn runs on those GPUs only.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -25,8 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults.injection import report
 from slurm_chaos.faults.journal import Undo
-from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, text
+from slurm_chaos.faults.node_base import ApplyFn, Controller, JobContext, applies, check, num, text
 from slurm_chaos.faults.spec import FaultRequest
 from slurm_chaos.resources import isolated_python
 from slurm_chaos.runner import Runner
@@ -99,14 +106,44 @@ def xid_line(bus: str, xid: int, node: str, job_id: str) -> str:
     return f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=slurm-chaos, {what} {tag}"
 
 
-def have_dcgm(runner: Runner) -> bool:
+def dcgm_missing(runner: Runner, node: str) -> str | None:
+    """What keeps DCGM from taking an injection on this node, in words; None when it can."""
     if shutil.which("dcgmi") is None:
-        return False
-    return runner(["dcgmi", "discovery", "-l"], timeout=15).ok
+        return f"no DCGM host engine on {node} (dcgmi not found)"
+    res = runner(["dcgmi", "discovery", "-l"], timeout=15)
+    if not res.ok:
+        why = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no answer"]
+        return f"no DCGM host engine on {node} (dcgmi discovery -l: {why[0][:200]})"
+    return None
 
 
 def dcgm_inject_argv(gpu: int, field: int, value: float | int) -> list[str]:
     return ["dcgmi", "test", "--inject", "--gpuid", str(gpu), "-f", str(field), "-v", f"{value:g}"]
+
+
+def dcgm_read_argv(gpu: int, field: int) -> list[str]:
+    """One sample of one field of one GPU, as DCGM's cache holds it (where an injection lands)."""
+    return ["dcgmi", "dmon", "-i", str(gpu), "-e", str(field), "-c", "1"]
+
+
+def parse_dmon(text: str, gpu: int) -> float | None:
+    """The value of ``dcgmi dmon``'s row ``GPU <gpu>`` (one field); None if absent, blank or N/A."""
+    for line in text.splitlines():
+        m = re.fullmatch(r"\s*GPU\s+(\d+)\s+(\S+)\s*", line)
+        if m and int(m.group(1)) == gpu:
+            try:
+                return float(m.group(2))
+            except ValueError:
+                return None
+    return None
+
+
+def read_back(wanted: float, got: float | None, what: str) -> tuple[bool, str]:
+    """Whether a read-back shows the injected value, and the words for the record."""
+    if got is not None and abs(got - wanted) <= max(0.5, 0.01 * abs(wanted)):
+        return True, f"{what}: read back {got:g}"
+    seen = "nothing" if got is None else f"{got:g}"
+    return False, f"{what}: read back {seen}, not {wanted:g}: the injection did not take"
 
 
 def _inject(req: FaultRequest, ctx: JobContext, gpu: int, field: int, value: float, healthy: float) -> None:
@@ -118,14 +155,42 @@ def _inject(req: FaultRequest, ctx: JobContext, gpu: int, field: int, value: flo
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
 
 
-def _no_dcgm(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    log.warning(
-        "%s: DCGM is not running on %s (no dcgmi or no nv-hostengine): nothing injected", req.name, ctx.node
-    )
+def _inject_checked(
+    req: FaultRequest, ctx: JobContext, gpu: int, fields: Sequence[tuple[int, float, float]]
+) -> None:
+    """Inject each (field, value, healthy value), then read each back and record whether it took."""
+    for field, value, healthy in fields:
+        _inject(req, ctx, gpu, field, value, healthy)
+    results = []
+    for field, value, _ in fields:
+        res = ctx.runner(dcgm_read_argv(gpu, field), timeout=20)
+        got = parse_dmon(res.stdout, gpu) if res.ok else None
+        results.append(read_back(value, got, f"DCGM field {field} of GPU {gpu}"))
+    took = all(ok for ok, _ in results)
+    report(ctx, req.name, took, f"{req.name} on {ctx.node}: " + "; ".join(words for _, words in results))
+
+
+def _no_dcgm(req: FaultRequest, ctx: JobContext, missing: str) -> list[Controller]:
+    report(ctx, req.name, False, f"{req.name}: {missing}: nothing was injected")
     return []
 
 
+def recorded(fn: ApplyFn) -> ApplyFn:
+    """A fault refused or failed on this node is recorded as such before the agent logs it."""
+
+    @functools.wraps(fn)
+    def apply(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+        try:
+            return fn(req, ctx)
+        except (ChaosError, OSError) as exc:
+            report(ctx, req.name, False, f"{exc}: nothing was injected")
+            raise
+
+    return apply
+
+
 @applies("gpu-xid")
+@recorded
 def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), text(req, "method")
     if method in ("kmsg", "both"):
@@ -140,31 +205,35 @@ def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
             KMSG.write_text(f"<3>{line}\n")
         except OSError as exc:
             raise ChaosError(f"gpu-xid: cannot write {KMSG}: {exc}") from exc
-        log.info("gpu-xid: wrote '%s' to the kernel log", line)
+        report(ctx, req.name, True, f"gpu-xid on {ctx.node}: XID {xid} written to {KMSG}")
     if method in ("dcgm", "both"):
-        if not have_dcgm(ctx.runner):
-            return _no_dcgm(req, ctx)
-        _inject(req, ctx, gpu, FIELD_XID, xid, 0)
+        missing = dcgm_missing(ctx.runner, ctx.node)
+        if missing:
+            return _no_dcgm(req, ctx, missing)
+        _inject_checked(req, ctx, gpu, [(FIELD_XID, xid, 0)])
     return []
 
 
 @applies("gpu-ecc")
+@recorded
 def apply_gpu_ecc(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu = job_gpu(req, ctx)
-    if not have_dcgm(ctx.runner):
-        return _no_dcgm(req, ctx)
+    missing = dcgm_missing(ctx.runner, ctx.node)
+    if missing:
+        return _no_dcgm(req, ctx, missing)
     field = FIELD_DBE_VOLATILE if text(req, "kind") == "dbe" else FIELD_SBE_VOLATILE
-    _inject(req, ctx, gpu, field, int(num(req, "count")), 0)
+    _inject_checked(req, ctx, gpu, [(field, int(num(req, "count")), 0)])
     return []
 
 
 @applies("gpu-thermal")
+@recorded
 def apply_gpu_thermal(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu = job_gpu(req, ctx)
-    if not have_dcgm(ctx.runner):
-        return _no_dcgm(req, ctx)
-    _inject(req, ctx, gpu, FIELD_TEMP, num(req, "temp"), 40)
-    _inject(req, ctx, gpu, FIELD_THERMAL_VIOLATION, 1, 0)
+    missing = dcgm_missing(ctx.runner, ctx.node)
+    if missing:
+        return _no_dcgm(req, ctx, missing)
+    _inject_checked(req, ctx, gpu, [(FIELD_TEMP, num(req, "temp"), 40), (FIELD_THERMAL_VIOLATION, 1, 0)])
     return []
 
 
@@ -177,11 +246,15 @@ def _query(runner: Runner, gpu: int, what: str) -> str:
 
 
 @applies("gpu-throttle")
+@recorded
 def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu = str(job_gpu(req, ctx))
     if shutil.which("nvidia-smi") is None:
-        log.warning(
-            "gpu-throttle: no nvidia-smi on %s (no GPUs): nothing throttled; use slow-rank instead", ctx.node
+        report(
+            ctx,
+            req.name,
+            False,
+            f"gpu-throttle: no NVML on {ctx.node} (nvidia-smi not found): nothing was throttled",
         )
         return []
     if text(req, "method") == "power":
@@ -195,7 +268,21 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     ctx.journal.record(req.name, " ".join(argv), undo, ctx.deadline)
     res = ctx.runner(argv, timeout=20)
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
+    if text(req, "method") == "power":
+        got = _number(_query(ctx.runner, int(gpu), "power.limit"))
+        took, words = read_back(num(req, "power"), got, f"power limit of GPU {gpu} (NVML)")
+    else:
+        # NVML reports no locked-clock setting to read back: the command's success is the evidence.
+        took, words = True, f"clocks of GPU {gpu} locked at {num(req, 'clock'):g} MHz (nvidia-smi -lgc)"
+    report(ctx, req.name, took, f"gpu-throttle on {ctx.node}: {words}")
     return []
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.split()[0])
+    except (ValueError, IndexError):
+        return None
 
 
 def burn_env(gpus: Sequence[int]) -> dict[str, str]:

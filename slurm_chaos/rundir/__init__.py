@@ -10,6 +10,7 @@ Layout (file -> the module here that reads and writes it)::
     RUN_DIR/experiments/<name>/{baseline -> ../../baselines/<shape>, fault}/
     RUN_DIR/experiments/<name>/observations.json  observations.py  what monitoring and Slurm did
     RUN_DIR/experiments/<name>/fault/release    layout.RELEASE   the campaign ends a held fault job
+    RUN_DIR/experiments/<name>/fault/injections/<node>.json  injections.py  whether each node fault took
     RUN_DIR/aa/run-<i>/                         the A/A runs of a calibration
 
 The campaign writes these files and the analysis reads them, both through this package only.
@@ -18,8 +19,10 @@ The campaign writes these files and the analysis reads them, both through this p
 from __future__ import annotations
 
 from slurm_chaos.rundir.calibration import CALIBRATION_FILE, load_recommended_min_effect, write_calibration
+from slurm_chaos.rundir.injections import InjectionRecord, load_injections
 from slurm_chaos.rundir.layout import (
     CONTROLLER_JOURNAL,
+    INJECTIONS,
     MANIFEST,
     OBSERVATIONS,
     RELEASE,
@@ -44,11 +47,13 @@ from slurm_chaos.rundir.observations import (
 __all__ = [
     "CALIBRATION_FILE",
     "CONTROLLER_JOURNAL",
+    "INJECTIONS",
     "MANIFEST",
     "OBSERVATIONS",
     "RELEASE",
     "Expectation",
     "FaultWindow",
+    "InjectionRecord",
     "Manifest",
     "Observation",
     "ObservationLog",
@@ -58,6 +63,7 @@ __all__ = [
     "aa_dir",
     "baseline_dir",
     "experiment_dir",
+    "load_injections",
     "load_observations",
     "load_recommended_min_effect",
     "new_run_id",

@@ -11,6 +11,8 @@ OBSERVATIONS = "observations.json"
 CONTROLLER_JOURNAL = "controller-journal.jsonl"
 #: In a held fault job's directory: the campaign creates it to let the probe end (its hold).
 RELEASE = "release"
+#: In a fault job's directory: one ``<node>.json`` per node, whether each node fault took there.
+INJECTIONS = "injections"
 
 
 class Role(StrEnum):

@@ -90,3 +90,17 @@ def test_constraint_must_name_features_the_site_lists(tmp_path: Path) -> None:
 )
 def test_unknown_features(constraint: str, unknown: list[str]) -> None:
     assert unknown_features(constraint, {"fast": (), "a100": ()}) == unknown
+
+
+def test_a_gpu_fault_job_copies_each_nodes_injection_record(tmp_path: Path) -> None:
+    """After the probe, one task per node copies whether the GPU fault took there (never failing the job)."""
+    site = load_site(DATA / "sites" / "golden.yaml")
+    text = render_job(site, load_experiment("gpu-ecc"), "fault", Path("/r/gpu-ecc/fault"), "r1")
+    assert "--ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0" in text
+    assert "-m slurm_chaos.faults.injection collect" in text
+    assert "--journal-root /var/lib/slurm-chaos/journal --out /r/gpu-ecc/fault || true" in text
+    assert "injection" not in render_job(site, load_experiment("gpu-ecc"), "baseline", Path("/r"), "r1")
+    assert "injection" not in render_job(site, load_experiment("numa-mismatch"), "fault", Path("/r"), "r1")
+    script = tmp_path / "fault.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0

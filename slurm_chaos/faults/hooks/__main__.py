@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from slurm_chaos.errors import SlurmError
-from slurm_chaos.faults import agent, authz
+from slurm_chaos.faults import agent, authz, injection
 from slurm_chaos.faults.cleanup import cleanup, mark_tidy
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.node_base import log
@@ -104,6 +104,7 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         log.warning(
             "prolog: job %s on %s: removed a grant left by an earlier run of this job id: %s", job, node, path
         )
+    injection.remove(args.journal_root, node, job)  # what an earlier run's faults did says nothing now
     _stale(args, node, runner, "prolog")
     decision = _decide(args, job, node, env, scheduler)
     if decision is None:
@@ -149,6 +150,7 @@ def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
     for line in agent.undo(job, node, args.journal_root, runner):
         log.info("epilog: job %s on %s: %s", job, node, line)
     authz.remove_grant(args.journal_root, node, job)
+    injection.remove(args.journal_root, node, job)  # the job's own step has copied it by now
     _stale(args, node, runner, "epilog")
     mark_tidy(args.journal_root, node)
 
