@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -115,11 +116,15 @@ def markers(a: ExperimentAnalysis) -> tuple[Marker, ...]:
     return tuple(found)
 
 
-def _draw_markers(ax: Any, found: Sequence[Marker]) -> None:
-    """A labelled vertical line per marker; one legend entry per kind."""
+def _draw_markers(ax: Any, found: Sequence[Marker], prefix: str, span: float) -> None:
+    """A labelled vertical line per marker; one legend entry per kind (ids begin with ``prefix``:
+    one page holds every experiment's plots). Labels of lines close together are staggered."""
     labelled: set[str] = set()
     top = ax.get_xaxis_transform()  # x in data, y in axes fractions
+    level, previous = 0, -math.inf
     for i, m in enumerate(found):
+        level = (level + 1) % 3 if m.at_s - previous < 0.025 * span else 0
+        previous = m.at_s
         colour = MARKER_COLOURS[m.kind]
         ax.axvline(
             m.at_s,
@@ -127,12 +132,12 @@ def _draw_markers(ax: Any, found: Sequence[Marker]) -> None:
             ls=(0, (4, 2)),
             lw=1.1,
             label=m.kind if m.kind not in labelled else "_nolegend_",
-            gid=f"marker-{m.kind}-{i}",
+            gid=f"{prefix}-marker-{m.kind}-{i}",
         )
         labelled.add(m.kind)
         ax.text(
             m.at_s,
-            0.98,
+            0.98 - 0.22 * level,
             f" {m.kind}",
             transform=top,
             rotation=90,
@@ -140,7 +145,7 @@ def _draw_markers(ax: Any, found: Sequence[Marker]) -> None:
             ha="right",
             fontsize=7,
             color=colour,
-            gid=f"marker-label-{m.kind}-{i}",
+            gid=f"{prefix}-marker-label-{m.kind}-{i}",
         )
 
 
@@ -171,7 +176,7 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
             ax.axvline(
                 a.window.start - t0 + a.result.time_to_detect_s, color="tab:green", lw=1, label="detected"
             )
-    _draw_markers(ax, markers(a))
+    _draw_markers(ax, markers(a), a.result.name, float(x[-1] - x[0]) if len(x) > 1 else 1.0)
     ax.set_xlabel(label)
     ax.set_ylabel("ms")
     ax.set_title("Step time per rank (fault run)")
@@ -273,12 +278,12 @@ def heat_rows(hosts: Sequence[str], switch_of: Mapping[str, str], max_rows: int 
     )
 
 
-def _label_rows(ax: Any, rows: HeatRows) -> None:
+def _label_rows(ax: Any, rows: HeatRows, prefix: str) -> None:
     """Node names on the axis, lines between nodes (thicker between switches), switch names beside."""
     nodes = rows.nodes if len(rows.nodes) <= 48 else ()  # too many to read: the switches say enough
     ax.set_yticks([(lo + hi) / 2 for lo, hi, _ in nodes], [n for _, _, n in nodes], fontsize=7)
     for label, (_, _, n) in zip(ax.get_yticklabels(), nodes, strict=True):
-        label.set_gid(f"heat-node-{n}")
+        label.set_gid(f"{prefix}-heat-node-{n}")
     for lo, _, _ in rows.nodes[1:]:
         ax.axhline(lo, color="white", lw=0.4)
     left = ax.get_yaxis_transform()  # x in axes fractions, y in data
@@ -294,7 +299,7 @@ def _label_rows(ax: Any, rows: HeatRows) -> None:
             ha="center",
             va="center",
             fontsize=7,
-            gid=f"heat-switch-{sw}",
+            gid=f"{prefix}-heat-switch-{sw}",
         )
         ax.plot([-0.06, -0.06], [lo + 0.1, hi - 0.1], transform=left, color="grey", lw=1, clip_on=False)
 
@@ -331,7 +336,7 @@ def heatmap_svg(a: ExperimentAnalysis, switch_of: Mapping[str, str] | None = Non
         cax=fig.add_axes((0.915, _WIDE["bottom"], 0.012, _WIDE["top"] - _WIDE["bottom"])),
         label="x median",
     )
-    _label_rows(ax, rows)
+    _label_rows(ax, rows, a.result.name)
     if not rows.switches:
         ax.set_ylabel("node")
     ax.set_xlabel(label)

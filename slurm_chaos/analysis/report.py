@@ -247,12 +247,12 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}th{background:#f3f3f3}
-.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
+.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff;white-space:nowrap}
 .PASSED{background:#2e7d32}.BLIND_SPOT{background:#c62828}.NOT_RECOVERED{background:#6a1b9a}
 .NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}
 section{margin-top:2em;border-top:2px solid #ddd}
 .plots svg{max-width:100%;height:auto}.note{color:#555;font-size:.9em}
-td.cell{white-space:nowrap;text-align:center}.cell.fired{background:#c8e6c9}
+td.cell{white-space:nowrap;text-align:center}td.num{white-space:nowrap}.cell.fired{background:#c8e6c9}
 .cell.silenced{background:#ffe0b2}.cell.missed{background:#f5f5f5;color:#b71c1c}
 .spec{font-family:ui-monospace,monospace;word-break:break-all}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
 """
@@ -451,7 +451,7 @@ def _overview_html(report: RunReport) -> str:
         body += (
             f'<tr data-experiment="{e(r.name)}"><td><a href="#{e(r.name)}">{e(r.name)}</a></td>'
             f'<td class="verdict">{_badge(r.verdict)}</td>{tds}'
-            + "".join(f"<td>{e(_row(r)[i])}</td>" for i in (3, 4, 7))
+            + "".join(f'<td class="num">{e(_row(r)[i])}</td>' for i in (3, 4, 7))
             + f"<td>{e(r.reason)}</td></tr>"
         )
     what = (
