@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,11 @@ from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
 from slurm_chaos.rundir import (
     OBSERVATIONS,
+    Expectation,
     FaultWindow,
     Observation,
     ObservationLog,
+    Role,
     load_injections,
     load_observations,
 )
@@ -50,6 +52,29 @@ class ExperimentAnalysis:
     fault_series: JobSeries | None
     window: FaultWindow
     fault_steps: npt.NDArray[np.bool_]  # the fault run's steps that count as under fault
+    # What the experiment expected detected (the report's overview names each expected signal).
+    expectation: Expectation = field(default_factory=Expectation)
+
+
+# The line of the rendered fault script (sbatch_templates/fault.sbatch.j2) that gives Slurm the SPEC.
+_CHAOS_OPTION = "#SBATCH --chaos="
+
+
+def rendered_spec(exp_dir: Path) -> str | None:
+    """The SPEC the fault job was given, from its rendered script (``${checkpoint_dir}`` and the
+    like filled in), or None when the script is missing or carries no --chaos line.
+
+    observations.json names the fault as the experiment file wrote it, placeholders and all;
+    an admin reading the report wants the values the job got.
+    """
+    try:
+        text = (exp_dir / f"{Role.FAULT}.sbatch").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    specs = [
+        line[len(_CHAOS_OPTION) :].strip() for line in text.splitlines() if line.startswith(_CHAOS_OPTION)
+    ]
+    return specs[0] if specs and specs[0] else None
 
 
 def _read_side(exp_dir: Path, side: str) -> RunData:
@@ -76,7 +101,9 @@ def _without_fault_run(
         detections=detections(log),
     )
     b = job_series(baseline)
-    return ExperimentAnalysis(result, baseline, None, b, None, log.fault_window, np.zeros(0, dtype=np.bool_))
+    return ExperimentAnalysis(
+        result, baseline, None, b, None, log.fault_window, np.zeros(0, dtype=np.bool_), log.expectation
+    )
 
 
 def probe_observations(run: RunData) -> tuple[Observation, ...]:
@@ -130,6 +157,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
     if not exp_dir.is_dir():
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
     log = load_observations(exp_dir / OBSERVATIONS)
+    log = replace(log, fault=rendered_spec(exp_dir) or log.fault)
     baseline = _read_side(exp_dir, "baseline")
     try:
         fault = _read_side(exp_dir, "fault")
@@ -163,7 +191,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         observations=log.observations,
         detections=j.detections,
     )
-    return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps)
+    return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps, log.expectation)
 
 
 def _merged(log: ObservationLog, extra: tuple[Observation, ...]) -> tuple[Observation, ...]:

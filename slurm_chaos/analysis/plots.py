@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ import numpy.typing as npt
 
 from slurm_chaos.analysis.experiment import ExperimentAnalysis
 from slurm_chaos.analysis.regression import JobSeries
+from slurm_chaos.analysis.verdict import REMEDIATION_SIGNALS, signal_matches
 from slurm_chaos.probe.reader import RunData
 
 FloatArray = npt.NDArray[np.float64]
@@ -26,6 +30,15 @@ MAX_HEAT_ROWS = 128
 MAX_TIMELINE_RANKS = 6
 # Timeline and heat map share these margins so their time axes line up on the page.
 _WIDE = {"left": 0.08, "right": 0.9, "bottom": 0.16, "top": 0.9}
+# What the timeline marks, by the signals that show each: the remediation steps the verdict knows,
+# and any alert or site detector firing.
+MARKER_SIGNALS: dict[str, tuple[str, ...]] = {
+    "drain": REMEDIATION_SIGNALS["drain"],
+    "requeue": REMEDIATION_SIGNALS["requeue"],
+    "alert": ("alert_firing", "detector"),
+    "resume": REMEDIATION_SIGNALS["resume"],
+}
+MARKER_COLOURS = {"drain": "tab:purple", "requeue": "tab:orange", "alert": "tab:red", "resume": "tab:cyan"}
 _SVG_START = re.compile(r"^.*?(?=<svg)", re.S)
 _SVG_METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 
@@ -73,6 +86,69 @@ def _time_axis(a: ExperimentAnalysis) -> tuple[FloatArray, str, float]:
     return np.arange(len(t), dtype=np.float64), "step", 0.0
 
 
+@dataclass(frozen=True)
+class Marker:
+    """An observation the timeline marks: its kind (a key of MARKER_SIGNALS) and when, in seconds
+    since the fault run started."""
+
+    kind: str
+    at_s: float
+    signal: str
+
+
+def marker_kind(signal: str) -> str | None:
+    return next(
+        (k for k, wanted in MARKER_SIGNALS.items() if any(signal_matches(signal, w) for w in wanted)), None
+    )
+
+
+def markers(a: ExperimentAnalysis) -> tuple[Marker, ...]:
+    """Drains, requeues, alerts and resumes inside the fault run's steps (the observations table
+    lists every one, those outside too); none when the steps carry no times."""
+    x, _, t0 = _time_axis(a)
+    if not t0 or not len(x):
+        return ()
+    found = []
+    for o in a.result.observations:
+        kind = marker_kind(o.signal)
+        if kind is not None and float(x[0]) <= o.time - t0 <= float(x[-1]):
+            found.append(Marker(kind, o.time - t0, o.signal))
+    return tuple(found)
+
+
+def _draw_markers(ax: Any, found: Sequence[Marker], prefix: str, span: float) -> None:
+    """A labelled vertical line per marker; one legend entry per kind (ids begin with ``prefix``:
+    one page holds every experiment's plots). Labels of lines close together are staggered."""
+    labelled: set[str] = set()
+    top = ax.get_xaxis_transform()  # x in data, y in axes fractions
+    level, previous = 0, -math.inf
+    for i, m in enumerate(found):
+        level = (level + 1) % 3 if m.at_s - previous < 0.025 * span else 0
+        previous = m.at_s
+        colour = MARKER_COLOURS[m.kind]
+        ax.axvline(
+            m.at_s,
+            color=colour,
+            ls=(0, (4, 2)),
+            lw=1.1,
+            label=m.kind if m.kind not in labelled else "_nolegend_",
+            gid=f"{prefix}-marker-{m.kind}-{i}",
+        )
+        labelled.add(m.kind)
+        ax.text(
+            m.at_s,
+            0.98 - 0.22 * level,
+            f" {m.kind}",
+            transform=top,
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=7,
+            color=colour,
+            gid=f"{prefix}-marker-label-{m.kind}-{i}",
+        )
+
+
 def timeline_svg(a: ExperimentAnalysis) -> str:
     """Per-rank step time of the fault run over time, fault window shaded, baseline median dashed."""
     plt = _pyplot()
@@ -82,7 +158,7 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     compute = fault.matrix("compute_time") if "compute_time" in fault.ranks[0].fields else step
     edges = _bins(len(x), MAX_POINTS)
     xs = _reduce(x, edges)
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 4.0))
     shown = [s.rank for s in a.result.stragglers[:MAX_TIMELINE_RANKS]]
     shown += [r for r in range(min(fault.world_size, MAX_TIMELINE_RANKS)) if r not in shown]
     ax.plot(xs, 1e3 * _reduce(step.max(axis=0), edges), color="black", lw=1.2, label="step (max over ranks)")
@@ -100,12 +176,15 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
             ax.axvline(
                 a.window.start - t0 + a.result.time_to_detect_s, color="tab:green", lw=1, label="detected"
             )
+    _draw_markers(ax, markers(a), a.result.name, float(x[-1] - x[0]) if len(x) > 1 else 1.0)
     ax.set_xlabel(label)
     ax.set_ylabel("ms")
     ax.set_title("Step time per rank (fault run)")
-    ax.legend(fontsize=7, loc="upper left", ncols=2)
+    # Below the axes, so it hides neither the steps nor the markers' labels.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncols=5, frameon=False)
     ax.set_xlim(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0)
-    fig.subplots_adjust(**_WIDE)
+    # The heat map's left and right margins, so the two time axes line up on the page.
+    fig.subplots_adjust(**{**_WIDE, "bottom": 0.3, "top": 0.92})
     return _svg(fig)
 
 
@@ -145,8 +224,89 @@ def _time_columns(m: FloatArray, x: FloatArray, columns: int) -> FloatArray:
     return out
 
 
-def heatmap_svg(a: ExperimentAnalysis) -> str:
-    """Ranks x time heat map of compute time relative to the run's median (who was slow, when)."""
+def _natural(name: str) -> tuple[object, ...]:
+    """node2 before node10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+@dataclass(frozen=True)
+class HeatRows:
+    """The heat map's rows, grouped by switch then node: which ranks each row takes the max of,
+    and the spans of rows each node and each switch covers (first row, end row, name)."""
+
+    ranks: tuple[tuple[int, ...], ...]
+    nodes: tuple[tuple[int, int, str], ...]
+    switches: tuple[tuple[int, int, str], ...]
+    per_node: bool  # each row is a whole node (too many ranks for a row each)
+
+
+def _spans(keys: Sequence[str]) -> tuple[tuple[int, int, str], ...]:
+    out: list[tuple[int, int, str]] = []
+    for i, k in enumerate(keys):
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], i + 1, k)
+        else:
+            out.append((i, i + 1, k))
+    return tuple(out)
+
+
+def heat_rows(hosts: Sequence[str], switch_of: Mapping[str, str], max_rows: int = MAX_HEAT_ROWS) -> HeatRows:
+    """Rows by switch, then node, then rank: a rank each, a node each when there are more ranks
+    than rows, else contiguous groups of nodes. A node the site puts under no switch goes last."""
+    order = sorted(
+        range(len(hosts)),
+        key=lambda r: (
+            hosts[r] not in switch_of,
+            _natural(switch_of.get(hosts[r], "")),
+            _natural(hosts[r]),
+            r,
+        ),
+    )
+    groups: list[tuple[int, ...]] = [(r,) for r in order]
+    per_node = len(order) > max_rows
+    if per_node:
+        groups = [tuple(r for r in order if hosts[r] == h) for _, _, h in _spans([hosts[r] for r in order])]
+    if len(groups) > max_rows:
+        edges = _bins(len(groups), max_rows)
+        groups = [tuple(itertools.chain(*groups[lo:hi])) for lo, hi in itertools.pairwise(edges)]
+    first = [g[0] for g in groups]
+    return HeatRows(
+        tuple(groups),
+        _spans([hosts[r] for r in first]),
+        _spans([switch_of.get(hosts[r], "") for r in first]) if switch_of else (),
+        per_node,
+    )
+
+
+def _label_rows(ax: Any, rows: HeatRows, prefix: str) -> None:
+    """Node names on the axis, lines between nodes (thicker between switches), switch names beside."""
+    nodes = rows.nodes if len(rows.nodes) <= 48 else ()  # too many to read: the switches say enough
+    ax.set_yticks([(lo + hi) / 2 for lo, hi, _ in nodes], [n for _, _, n in nodes], fontsize=7)
+    for label, (_, _, n) in zip(ax.get_yticklabels(), nodes, strict=True):
+        label.set_gid(f"{prefix}-heat-node-{n}")
+    for lo, _, _ in rows.nodes[1:]:
+        ax.axhline(lo, color="white", lw=0.4)
+    left = ax.get_yaxis_transform()  # x in axes fractions, y in data
+    for lo, hi, sw in rows.switches:
+        if lo:
+            ax.axhline(lo, color="white", lw=1.6)
+        ax.text(
+            -0.075,
+            (lo + hi) / 2,
+            sw or "(no switch)",
+            transform=left,
+            rotation=90,
+            ha="center",
+            va="center",
+            fontsize=7,
+            gid=f"{prefix}-heat-switch-{sw}",
+        )
+        ax.plot([-0.06, -0.06], [lo + 0.1, hi - 0.1], transform=left, color="grey", lw=1, clip_on=False)
+
+
+def heatmap_svg(a: ExperimentAnalysis, switch_of: Mapping[str, str] | None = None) -> str:
+    """Ranks x time heat map of compute time relative to the run's median (who was slow, when),
+    rows grouped by node and, where the site says which switch each node hangs off, by switch."""
     plt = _pyplot()
     fault = _fault_run(a)[0]
     name = "compute_time" if "compute_time" in fault.ranks[0].fields else "step_time"
@@ -154,8 +314,8 @@ def heatmap_svg(a: ExperimentAnalysis) -> str:
     x, label, _ = _time_axis(a)
     # Equal time bins, so the fault window lines up with the timeline above even when steps vary in length.
     reduced = _time_columns(m, x, min(MAX_HEAT_COLUMNS, m.shape[1])) if len(x) > 1 else m
-    row_edges = _bins(reduced.shape[0], MAX_HEAT_ROWS)
-    grid = np.stack([np.max(reduced[lo:hi], axis=0) for lo, hi in itertools.pairwise(row_edges)])
+    rows = heat_rows([r.host for r in fault.ranks], switch_of or {})
+    grid = np.stack([np.max(reduced[list(g)], axis=0) for g in rows.ranks])
     ref = float(np.nanmedian(grid)) or 1.0
     cmap = plt.get_cmap("magma").with_extremes(bad="#dddddd")
     fig, ax = plt.subplots(figsize=(9, 3.2))
@@ -166,7 +326,7 @@ def heatmap_svg(a: ExperimentAnalysis) -> str:
         interpolation="nearest",
         cmap=cmap,
         origin="lower",
-        extent=(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0, 0, m.shape[0]),
+        extent=(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0, 0, len(rows.ranks)),
         vmin=0.8,
         vmax=max(1.2, float(np.nanpercentile(grid / ref, 99.5))),
     )
@@ -176,10 +336,13 @@ def heatmap_svg(a: ExperimentAnalysis) -> str:
         cax=fig.add_axes((0.915, _WIDE["bottom"], 0.012, _WIDE["top"] - _WIDE["bottom"])),
         label="x median",
     )
+    _label_rows(ax, rows, a.result.name)
+    if not rows.switches:
+        ax.set_ylabel("node")
     ax.set_xlabel(label)
-    ax.set_ylabel("rank")
+    grouped = "max over each node's ranks" if rows.per_node else "max over rank groups"
     ax.set_title(
-        f"Ranks x time: {name} relative to the median"
-        + (" (max over rank groups)" if len(row_edges) - 1 < m.shape[0] else "")
+        f"Ranks x time by {'switch and ' if rows.switches else ''}node: {name} relative to the median"
+        + (f" ({grouped})" if len(rows.ranks) < m.shape[0] else "")
     )
     return _svg(fig)

@@ -5,10 +5,13 @@ Layout read::
     RUN_DIR/manifest.json                       run id, site, start, experiments (slurm_chaos.rundir)
     RUN_DIR/experiments/<name>/baseline/rank-<R>.h5
     RUN_DIR/experiments/<name>/fault/rank-<R>.h5
+    RUN_DIR/experiments/<name>/fault.sbatch     the SPEC as the job got it (placeholders filled in)
     RUN_DIR/experiments/<name>/observations.json (slurm_chaos.rundir)
 
-Every output depends only on the directory's contents (seeded bootstrap, no clock), so running the
-report twice gives byte-identical files.
+The HTML page also reads the site config the manifest names, when it loads, for which switch each
+node hangs off (the heat map's rows). Every output depends only on these files (seeded bootstrap,
+no clock; the HTML shows the start in the machine's time zone), so running the report twice gives
+byte-identical files.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import html
 import json
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,8 @@ from typing import Any
 from slurm_chaos.analysis.experiment import ExperimentAnalysis, analyse_experiment
 from slurm_chaos.analysis.model import Detection, ExperimentResult, Verdict
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
+from slurm_chaos.analysis.verdict import DETECTION_SIGNALS, signal_matches
+from slurm_chaos.errors import ChaosError
 from slurm_chaos.rundir import Manifest, experiment_dir, read_manifest
 
 REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.xml"}
@@ -37,26 +42,58 @@ class RunReport:
     analyses: tuple[ExperimentAnalysis, ...]
     # The practical threshold the comparisons used: the manifest's, else the analysis's default.
     min_effect: float = MIN_EFFECT
+    # Which switch each node hangs off (the site's racks); empty when the site config is not at hand.
+    switches: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def started(self) -> str:
-        """The run's start as UTC ISO-8601 text ('' when unknown)."""
+        """The run's start as UTC ISO-8601 text ('' when unknown): for machines (JSON, JUnit)."""
         t = self.manifest.started
         return "" if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    @property
+    def started_local(self) -> str:
+        """The run's start in this machine's time zone with its UTC offset ('' when unknown): for
+        people (``2026-12-03 17:05:12 +0000``), who compare it with their logs and dashboards."""
+        t = self.manifest.started
+        return (
+            "" if t is None else datetime.fromtimestamp(t, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+        )
 
     @property
     def results(self) -> tuple[ExperimentResult, ...]:
         return tuple(a.result for a in self.analyses)
 
 
-def analyse_run(run_dir: Path) -> RunReport:
-    """Analyse every experiment the manifest lists; bad input raises DataError naming the file."""
+def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> RunReport:
+    """Analyse every experiment the manifest lists; bad input raises DataError naming the file.
+
+    ``switches`` (node -> switch) defaults to the racks of the site config the manifest names.
+    """
     manifest = read_manifest(run_dir)
     min_effect = MIN_EFFECT if manifest.min_effect is None else manifest.min_effect
     analyses = tuple(
         analyse_experiment(experiment_dir(run_dir, n), n, min_effect) for n in manifest.experiments
     )
-    return RunReport(manifest, analyses, min_effect)
+    topology = site_switches(manifest.site) if switches is None else switches
+    return RunReport(manifest, analyses, min_effect, topology)
+
+
+def site_switches(site: str) -> dict[str, str]:
+    """Node -> switch from the racks of the site config at ``site``; empty when there is no such file
+    or it does not load (moved, since edited, a sandbox site whose sandbox is down): the heat map
+    then groups by node only, the rest of the report does not need the site."""
+    from slurm_chaos.sandbox.layout import site_placeholders
+    from slurm_chaos.site import load_site
+
+    path = Path(site)
+    if not site or not path.is_file():
+        return {}
+    try:
+        loaded = load_site(path, site_placeholders)
+    except (ChaosError, OSError, ValueError):
+        return {}
+    return {node: rack.switch for rack in loaded.racks for node in rack.nodes}
 
 
 def exit_code(results: Sequence[ExperimentResult]) -> int:
@@ -113,7 +150,7 @@ def render_table(report: RunReport) -> str:
     rows = [header] + [_row(r) for r in report.results]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
-        f"run {m.run_id}  site {m.site or '-'}  started {report.started or '-'}  "
+        f"run {m.run_id}  site {m.site or '-'}  started {report.started_local or '-'}  "
         f"significant: p < {ALPHA:g} and a change of at least {100 * report.min_effect:.1f}%",
         "",
     ]
@@ -210,11 +247,14 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1100px}
 table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}th{background:#f3f3f3}
-.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff}
+.v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff;white-space:nowrap}
 .PASSED{background:#2e7d32}.BLIND_SPOT{background:#c62828}.NOT_RECOVERED{background:#6a1b9a}
 .NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}
 section{margin-top:2em;border-top:2px solid #ddd}
-.plots svg{max-width:100%;height:auto}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
+.plots svg{max-width:100%;height:auto}.note{color:#555;font-size:.9em}
+td.cell{white-space:nowrap;text-align:center}td.num{white-space:nowrap}.cell.fired{background:#c8e6c9}
+.cell.silenced{background:#ffe0b2}.cell.missed{background:#f5f5f5;color:#b71c1c}
+.spec{font-family:ui-monospace,monospace;word-break:break-all}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
 """
 
 
@@ -234,13 +274,13 @@ def _kv_table(rows: Sequence[tuple[str, str]]) -> str:
     return f"<table>{body}</table>"
 
 
-def _experiment_html(a: ExperimentAnalysis) -> str:
+def _experiment_html(a: ExperimentAnalysis, switches: Mapping[str, str]) -> str:
     r, c = a.result, a.result.comparison
     e = html.escape
     numbers: list[tuple[str, str]] = [
         ("verdict", r.verdict.value),
         ("reason", r.reason),
-        ("fault", r.fault or "-"),
+        ("fault SPEC (as the job got it)", r.fault or "-"),
         ("ranks", str(r.world_size)),
     ]
     if c is not None:
@@ -288,11 +328,11 @@ def _experiment_html(a: ExperimentAnalysis) -> str:
         f"<th>GPU</th><th>score</th><th>kind</th></tr>{strag}</table>"
         "<h3>Observations (from fault start)</h3>"
         f"<table><tr><th>t</th><th>signal</th><th>detail</th></tr>{obs}"
-        f"</table></div></div>{_plots_html(a)}</section>"
+        f"</table></div></div>{_plots_html(a, switches)}</section>"
     )
 
 
-def _plots_html(a: ExperimentAnalysis) -> str:
+def _plots_html(a: ExperimentAnalysis, switches: Mapping[str, str]) -> str:
     from slurm_chaos.analysis import plots
 
     if a.fault is None:
@@ -305,7 +345,126 @@ def _plots_html(a: ExperimentAnalysis) -> str:
     return (
         f'<div class="plots"><figure>{plots.timeline_svg(a)}</figure>'
         f'<div class="row"><figure>{plots.distribution_svg(a)}</figure></div>'
-        f"<figure>{plots.heatmap_svg(a)}</figure></div>"
+        f"<figure>{plots.heatmap_svg(a, switches)}</figure></div>"
+    )
+
+
+# --- campaign overview -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One detector in one experiment: ``fired``, ``silenced`` (fired, but Alertmanager silenced or
+    inhibited it: nobody on call was told) or ``missed`` (it did not fire after the fault began)."""
+
+    state: str
+    time_to_detect_s: float | None = None
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        after = "" if self.time_to_detect_s is None else f" {self.time_to_detect_s:.0f} s"
+        return {"fired": f"fired{after}", "silenced": f"fired (silenced){after}"}.get(self.state, "missed")
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The campaign at a glance: a row per experiment, a column per detector.
+
+    The columns are the site detectors that fired anywhere in the run; a run without site detectors
+    gets our own detection signals instead: those the experiments expected and those monitoring
+    raised (alerts, drains).
+    """
+
+    site_detectors: bool
+    columns: tuple[str, ...]
+    rows: tuple[tuple[ExperimentAnalysis, tuple[Cell, ...]], ...]
+
+
+def _first(cells: Sequence[Cell]) -> Cell:
+    """The earliest firing that reached people, else the earliest silenced one, else missed."""
+    for state in ("fired", "silenced"):
+        times = [c for c in cells if c.state == state]
+        if times:
+            return min(times, key=lambda c: c.time_to_detect_s or 0.0)
+    return Cell("missed")
+
+
+def _detector_cell(a: ExperimentAnalysis, detector: str) -> Cell:
+    return _first(
+        [
+            Cell("silenced" if d.silenced else "fired", d.time_to_detect_s, d.signal)
+            for d in a.result.detections
+            if d.detector == detector
+        ]
+    )
+
+
+def _signal_cell(a: ExperimentAnalysis, wanted: str) -> Cell:
+    return _first(
+        [
+            Cell("silenced" if o.silenced else "fired", o.time - a.window.start, o.signal)
+            for o in a.result.observations
+            if o.time >= a.window.start and signal_matches(o.signal, wanted)
+        ]
+    )
+
+
+def _own_columns(analyses: Sequence[ExperimentAnalysis]) -> tuple[str, ...]:
+    """Expected detection signals, then raised ones no expected column already matches."""
+    expected = sorted({w for a in analyses for w in a.expectation.detect_signals})
+    raised = sorted(
+        {
+            o.signal
+            for a in analyses
+            for o in a.result.observations
+            if o.time >= a.window.start and any(signal_matches(o.signal, w) for w in DETECTION_SIGNALS)
+        }
+    )
+    return tuple(expected) + tuple(r for r in raised if not any(signal_matches(r, w) for w in expected))
+
+
+def overview(analyses: Sequence[ExperimentAnalysis]) -> Overview:
+    detectors = tuple(sorted({d.detector for a in analyses for d in a.result.detections}))
+    if detectors:
+        rows = tuple((a, tuple(_detector_cell(a, d) for d in detectors)) for a in analyses)
+        return Overview(True, detectors, rows)
+    columns = _own_columns(analyses)
+    return Overview(False, columns, tuple((a, tuple(_signal_cell(a, c) for c in columns)) for a in analyses))
+
+
+def _cell_html(column: str, c: Cell) -> str:
+    e = html.escape
+    title = f' title="{e(c.detail)}"' if c.detail else ""  # the signal that fired
+    attrs = f'class="cell {c.state}" data-detector="{e(column)}" data-state="{c.state}"{title}'
+    return f"<td {attrs}>{e(c.text)}</td>"
+
+
+def _overview_html(report: RunReport) -> str:
+    e = html.escape
+    grid = overview(report.analyses)
+    head = "".join(f'<th class="detector" data-detector="{e(c)}">{e(c)}</th>' for c in grid.columns)
+    body = ""
+    for a, cells in grid.rows:
+        r = a.result
+        tds = "".join(_cell_html(col, c) for col, c in zip(grid.columns, cells, strict=True))
+        body += (
+            f'<tr data-experiment="{e(r.name)}"><td><a href="#{e(r.name)}">{e(r.name)}</a></td>'
+            f'<td class="verdict">{_badge(r.verdict)}</td>{tds}'
+            + "".join(f'<td class="num">{e(_row(r)[i])}</td>' for i in (3, 4, 7))
+            + f"<td>{e(r.reason)}</td></tr>"
+        )
+    what = (
+        "the site detectors that fired in this run"
+        if grid.site_detectors
+        else "no site detector fired in this run; our own detection signals, those expected and those raised"
+    )
+    return (
+        f'<h2>Campaign overview</h2><p class="note">One row per experiment; detector columns: {e(what)}. '
+        "A cell says whether it fired after the fault began and how soon, fired but silenced "
+        "(nobody was told), or missed it.</p>"
+        f'<table id="overview"><thead><tr><th>experiment</th><th>verdict</th>{head}<th>regression</th>'
+        f"<th>CI</th><th>remediate</th><th>reason</th></tr></thead><tbody>{body}</tbody></table>"
     )
 
 
@@ -313,21 +472,13 @@ def render_html(report: RunReport) -> str:
     """A single page with no external resources: CSS inline, plots as inline SVG."""
     m = report.manifest
     e = html.escape
-    rows = "".join(
-        f'<tr><td><a href="#{e(r.name)}">{e(r.name)}</a></td><td>{e(r.fault or "-")}</td>'
-        f"<td>{_badge(r.verdict)}</td>"
-        + "".join(f"<td>{e(_row(r)[i])}</td>" for i in (3, 4, 6, 7))
-        + f"<td>{e(r.reason)}</td></tr>"
-        for r in report.results
-    )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>slurm-chaos report {e(m.run_id)}</title><style>{_CSS}</style></head><body>"
         f"<h1>slurm-chaos report</h1><p>run <b>{e(m.run_id)}</b>, site <b>{e(m.site or '-')}</b>, "
-        f"started {e(report.started or '-')}</p>"
-        "<table><tr><th>experiment</th><th>fault</th><th>verdict</th><th>regression</th><th>CI</th>"
-        f"<th>detect</th><th>remediate</th><th>reason</th></tr>{rows}</table>"
-        + "".join(_experiment_html(a) for a in report.analyses)
+        f'started <time id="started">{e(report.started_local or "-")}</time></p>'
+        + _overview_html(report)
+        + "".join(_experiment_html(a, report.switches) for a in report.analyses)
         + "</body></html>\n"
     )
 

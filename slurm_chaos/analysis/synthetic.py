@@ -249,8 +249,9 @@ class SyntheticExperiment:
     baseline: JobModel
     fault: JobModel
     expectation: Expectation = field(default_factory=Expectation)
-    # (signal, seconds after the fault's start, detail)
-    observations: Sequence[tuple[str, float, str]] = ()
+    # (signal, seconds after the fault's start, detail), or an Observation (a site detector's
+    # firing, a silenced alert) whose time is seconds after the fault's start
+    observations: Sequence[tuple[str, float, str] | Observation] = ()
     crashed: bool = False
     fault_name: str = "synthetic"
 
@@ -263,13 +264,20 @@ def write_experiment(exp_dir: Path, exp: SyntheticExperiment) -> ObservationLog:
     window = fault_run.fault_window()
     log = ObservationLog(
         fault_window=window,
-        observations=tuple(Observation(s, window.start + dt, d) for s, dt, d in exp.observations),
+        observations=tuple(_at(o, window.start) for o in exp.observations),
         expectation=exp.expectation,
         crashed=exp.crashed,
         fault=exp.fault_name,
     )
     write_observations(exp_dir / "observations.json", log)
     return log
+
+
+def _at(o: tuple[str, float, str] | Observation, start: float) -> Observation:
+    if isinstance(o, Observation):
+        return replace(o, time=start + o.time)
+    signal, dt, detail = o
+    return Observation(signal, start + dt, detail)
 
 
 def write_run_dir(

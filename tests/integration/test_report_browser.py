@@ -1,4 +1,5 @@
-"""The HTML report in a real headless Chromium: it renders, shows its plots and logs no errors."""
+"""The HTML report in a real headless Chromium: it renders, shows its overview grid and plots, and
+logs no errors."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from slurm_chaos.analysis.commands import report_dir
 from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
-from slurm_chaos.rundir import Expectation
+from slurm_chaos.rundir import Expectation, Observation
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 pytestmark = pytest.mark.skipif(
@@ -53,7 +54,15 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
             base,
             replace(base, seed=2, slow_rank=5, slow_rank_factor=0.3, fault_start_step=250),
             Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
-            observations=[("alert_firing:GpuSlow", 15.0, "rank 5")],
+            observations=[
+                ("alert_firing:GpuSlow", 15.0, "rank 5"),
+                Observation("detector:dcgm", 15.0, "node3 GPU 1", detector="dcgm", covers=("gpu",)),
+                Observation(
+                    "detector:straggler", 9.0, "rank 5", detector="straggler", covers=("gpu",), silenced=True
+                ),
+                ("node_drained", 25.0, "node3: NHC: slow GPU"),
+                ("job_requeued", 27.0, "off node3"),
+            ],
             fault_name="gpu-throttle",
         ),
         SyntheticExperiment(
@@ -69,10 +78,20 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run / "report.html"
 
 
+def overview_rows(dom: str) -> dict[str, list[tuple[str, str]]]:
+    """Each overview row's (detector, state) cells, from the DOM as the browser built it."""
+    table = re.search(r'<table id="overview">.*?</table>', dom, re.S)
+    assert table is not None, "no overview grid in the DOM"
+    rows = re.findall(r'<tr data-experiment="([^"]+)">(.*?)</tr>', table.group(0), re.S)
+    cell = r'<td class="cell \w+" data-detector="([^"]+)" data-state="(\w+)"'
+    return {name: re.findall(cell, body) for name, body in rows}
+
+
 def test_screenshot_shows_the_report(page: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     done = chromium(tmp_path, "--window-size=1200,1800", f"--screenshot={shot}", page.as_uri())
     assert shot.is_file(), done.stderr[-2000:]
+    assert shot.stat().st_size > 50_000  # a blank 1200x1800 page compresses to a few kB
     import matplotlib.image
 
     pixels = np.asarray(matplotlib.image.imread(str(shot)))[..., :3]
@@ -84,6 +103,11 @@ def test_screenshot_shows_the_report(page: Path, tmp_path: Path) -> None:
     # The PASSED badge's green is on screen.
     green = (pixels[..., 1] > 0.4) & (pixels[..., 0] < 0.3) & (pixels[..., 2] < 0.3)
     assert green.sum() > 100
+    # So are the overview's cells near the top: fired (light green) and silenced (light orange).
+    top = pixels[:500]
+    fired = (np.abs(top - np.array([0xC8, 0xE6, 0xC9]) / 255).max(axis=2) < 0.02).sum()
+    silenced = (np.abs(top - np.array([0xFF, 0xE0, 0xB2]) / 255).max(axis=2) < 0.02).sum()
+    assert fired > 200 and silenced > 200, (fired, silenced)
 
 
 def test_dom_has_the_plots_and_console_is_clean(page: Path, tmp_path: Path) -> None:
@@ -93,6 +117,14 @@ def test_dom_has_the_plots_and_console_is_clean(page: Path, tmp_path: Path) -> N
     assert dom.count("<svg") == 6
     assert "BLIND SPOT" in dom and "PASSED" in dom
     assert "Ranks x time" in dom and "fault window" in dom
+    assert overview_rows(dom) == {
+        "slow-gpu": [("dcgm", "fired"), ("straggler", "silenced")],
+        "cpu-hog": [("dcgm", "missed"), ("straggler", "missed")],
+    }
+    assert dom.index('id="overview"') < dom.index('<section id="slow-gpu"')
+    for marker in ("alert-0", "alert-1", "alert-2", "drain-3", "requeue-4"):
+        assert f'id="slow-gpu-marker-{marker}"' in dom
+    assert re.search(r'<time id="started">2026-01-01 \d\d:\d\d:\d\d [+-]\d{4}</time>', dom)
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert console == [], console
     page_errors = [
