@@ -54,7 +54,8 @@ def sandbox() -> Iterator[SandboxHandle]:
     try:
         yield SandboxHandle(
             name=name,
-            env={**os.environ, **layout.env()},
+            # The site file names its sandbox; the tests' own overrides it in every command they run.
+            env={**os.environ, **layout.env(), "SLURM_CHAOS_SANDBOX": name},
             nodes=tuple(layout.node_names()),
             shared_dir=layout.shared_dir,
             reservation=layout.reservation,
