@@ -443,7 +443,8 @@ def collect(camp: Campaign, p: Plan, watched: Watched) -> ObservationLog:
         observations=tuple(sorted(watched.observations + tuple(extra), key=lambda o: o.time)),
         expectation=_expectation(exp),
         crashed=watched.crashed,
-        fault=exp.fault.spec or "",
+        # The SPEC as the job got it (placeholders such as ${checkpoint_dir} filled in).
+        fault=fault_spec(camp.site, exp, Role.FAULT, camp.manifest.run_id) or "",
     )
     write_observations(p.exp_dir / rundir.OBSERVATIONS, observations)
     return observations

@@ -128,6 +128,18 @@ def test_drain_is_injected_when_due_requeued_and_rolled_back(
     assert fake.state_of(baseline).state == JobState.COMPLETED
 
 
+def test_observations_record_the_spec_the_job_got(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "checkpoint-enospc")
+    run_experiment(camp, camp.experiments[0])
+    spec = observations(camp, "checkpoint-enospc").fault
+    # The experiment says ckpt-enospc:path=${checkpoint_dir}; the job got the fault run's own path.
+    assert "${" not in spec and spec.startswith("ckpt-enospc:path=/"), spec
+    fault_dir = rundir.experiment_dir(camp.run_dir, "checkpoint-enospc") / "fault"
+    assert f"--chaos={spec}" in (fault_dir.parent / "fault.sbatch").read_text()
+
+
 def test_each_tick_asks_once_per_kind_and_backs_off(
     site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
 ) -> None:
