@@ -21,6 +21,7 @@ from slurm_chaos.rundir import (
     Observation,
     ObservationLog,
     Role,
+    Signal,
     load_injections,
     load_observations,
 )
@@ -33,7 +34,7 @@ EXPERIMENT_READ = replace(STEPS_READ, events=True)
 PROBE_EVENT_SIGNALS = {
     "checkpoint_failed": "checkpoint_failed",
     "checkpoint_hang": "checkpoint_hang",
-    "resumed": "resumed_from_checkpoint",
+    "resumed": Signal.RESUMED_FROM_CHECKPOINT,
     "gpu_xid": "gpu_xid",
     "gpu_ecc": "gpu_ecc",
     "gpu_throttle": "gpu_throttle",

@@ -21,6 +21,7 @@ from slurm_chaos.analysis.experiment import ExperimentAnalysis
 from slurm_chaos.analysis.regression import JobSeries
 from slurm_chaos.analysis.verdict import REMEDIATION_SIGNALS, signal_matches
 from slurm_chaos.probe.reader import RunData
+from slurm_chaos.rundir import Signal
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -35,7 +36,7 @@ _WIDE = {"left": 0.08, "right": 0.9, "bottom": 0.16, "top": 0.9}
 MARKER_SIGNALS: dict[str, tuple[str, ...]] = {
     "drain": REMEDIATION_SIGNALS["drain"],
     "requeue": REMEDIATION_SIGNALS["requeue"],
-    "alert": ("alert_firing", "detector"),
+    "alert": (Signal.ALERT_FIRING, Signal.DETECTOR),
     "resume": REMEDIATION_SIGNALS["resume"],
 }
 MARKER_COLOURS = {"drain": "tab:purple", "requeue": "tab:orange", "alert": "tab:red", "resume": "tab:cyan"}

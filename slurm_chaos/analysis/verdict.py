@@ -29,18 +29,18 @@ import fnmatch
 from dataclasses import dataclass
 
 from slurm_chaos.analysis.model import Comparison, Detection, Verdict
-from slurm_chaos.rundir import Expectation, InjectionRecord, Observation, ObservationLog
+from slurm_chaos.rundir import Expectation, InjectionRecord, Observation, ObservationLog, Signal
 from slurm_chaos.site import SIGNAL_KIND
 
 # Short remediation names an experiment may use, and the signals that show each happened.
 REMEDIATION_SIGNALS: dict[str, tuple[str, ...]] = {
-    "drain": ("node_drained", "healthcheck_drain"),
-    "requeue": ("job_requeued",),
-    "resume": ("resumed_from_checkpoint",),
+    "drain": (Signal.NODE_DRAINED, Signal.HEALTHCHECK_DRAIN),
+    "requeue": (Signal.JOB_REQUEUED,),
+    "resume": (Signal.RESUMED_FROM_CHECKPOINT,),
 }
 # Signals that show monitoring noticed, used when the experiment named none (rule 4). The probe's own
 # events (gpu_xid, numa_mismatch, ...) are not monitoring: they count only where an experiment names them.
-DETECTION_SIGNALS = ("node_drained", "healthcheck_drain", "alert_firing", "detector")
+DETECTION_SIGNALS = (Signal.NODE_DRAINED, Signal.HEALTHCHECK_DRAIN, Signal.ALERT_FIRING, Signal.DETECTOR)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from datetime import datetime
 from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.clock import Clock, SystemClock
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
-from slurm_chaos.rundir import Observation
+from slurm_chaos.rundir import Observation, Signal, alert_signal, detector_signal
 from slurm_chaos.site import NODE_LABELS, Detector
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState, NodeInfo
@@ -106,7 +106,8 @@ class Watcher:
     def _detected(self, key: str, d: Detector, detail: str, when: float | None, quiet: bool = False) -> None:
         """A firing of site detector ``d``: observation ``detector:<name>``, with what it covers."""
         t = self.clock.time() if when is None else when
-        self._add(f"{key}@{d.name}", Observation(f"detector:{d.name}", t, detail, d.name, d.signals, quiet))
+        fired = Observation(detector_signal(d.name), t, detail, d.name, d.signals, quiet)
+        self._add(f"{key}@{d.name}", fired)
 
     def tick(self) -> JobInfo | None:
         """One poll of the job, one query of its nodes, one of Alertmanager."""
@@ -118,9 +119,9 @@ class Watcher:
         if info.restarts > self.restarts:
             self.restarts = info.restarts
             what = f"job {self.job_id} requeued ({info.restarts})"
-            self._note(f"requeue{info.restarts}", "job_requeued", what)
+            self._note(f"requeue{info.restarts}", Signal.JOB_REQUEUED, what)
         if self.restarts and info.state == JobState.RUNNING and info.nodes:
-            self._note(f"rescheduled{self.restarts}", "job_rescheduled", ",".join(info.nodes))
+            self._note(f"rescheduled{self.restarts}", Signal.JOB_RESCHEDULED, ",".join(info.nodes))
         if self.nodes_seen:
             for node in self.scheduler.nodes(sorted(self.nodes_seen)).values():
                 self._check_node(node)
@@ -136,10 +137,10 @@ class Watcher:
         ours = node.reason.startswith(REASON_PREFIX)
         if node.drain and node.reason and not ours:
             if node.reason.startswith(HEALTHCHECK_PREFIX):
-                self._note(f"hc-{name}", "healthcheck_drain", f"{name}: {node.reason}")
-            self._note(f"drain-{name}", "node_drained", f"{name}: {node.reason}")
+                self._note(f"hc-{name}", Signal.HEALTHCHECK_DRAIN, f"{name}: {node.reason}")
+            self._note(f"drain-{name}", Signal.NODE_DRAINED, f"{name}: {node.reason}")
         if "DOWN" in node.state:
-            self._note(f"down-{name}", "node_down", f"{name}: {node.reason or 'not responding'}")
+            self._note(f"down-{name}", Signal.NODE_DOWN, f"{name}: {node.reason or 'not responding'}")
         if node.reason and not ours and any(s in node.state for s in REASON_STATES):
             for d in self.detectors:
                 if d.matches_reason(node.reason):
@@ -156,7 +157,7 @@ class Watcher:
         # One observation per alert (its labels), at the time Alertmanager says it began: an
         # alert of the same name about an earlier job neither hides this one nor counts.
         when = starts_at(alert)
-        self._note(f"alert-{detail}", f"alert_firing:{labels['alertname']}", detail, when, quiet)
+        self._note(f"alert-{detail}", alert_signal(str(labels['alertname'])), detail, when, quiet)
         for d in self.detectors:
             if d.matches_alert(labels):
                 self._detected(f"alert-{detail}", d, detail, when, quiet)

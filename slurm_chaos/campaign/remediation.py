@@ -18,7 +18,7 @@ from slurm_chaos.clock import Backoff, Clock
 from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.experiment import Experiment, Remediation
 from slurm_chaos.placement import apply_settings, current_setting, proposals, rank_nodes
-from slurm_chaos.rundir import Observation
+from slurm_chaos.rundir import Observation, Signal
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobState
@@ -56,7 +56,7 @@ def rescheduled_same_switch(inp: CheckInput) -> list[Observation]:
     """The job's new allocation after a requeue lies under one switch and avoids every lost node."""
     lost = {a.node for a in inp.journal.actions(inp.experiment.name, ActionKind.LOSE)}
     for o in inp.observations:
-        if o.signal != "job_rescheduled":
+        if o.signal != Signal.JOB_RESCHEDULED:
             continue
         nodes = [n for n in o.detail.split(",") if n]
         switches = {inp.site.switch_of(n) for n in nodes}

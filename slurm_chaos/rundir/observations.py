@@ -19,10 +19,38 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from slurm_chaos.errors import DataError
+
+
+class Signal(StrEnum):
+    """The observation signals the watcher and the probe's events record under a fixed name.
+
+    Alerts and site detectors are families, recorded as ``<family>:<name>`` (:func:`alert_signal`,
+    :func:`detector_signal`); the remediation checks record their own names (``campaign/remediation.py``).
+    """
+
+    NODE_DRAINED = "node_drained"
+    HEALTHCHECK_DRAIN = "healthcheck_drain"
+    NODE_DOWN = "node_down"
+    JOB_REQUEUED = "job_requeued"
+    JOB_RESCHEDULED = "job_rescheduled"
+    RESUMED_FROM_CHECKPOINT = "resumed_from_checkpoint"
+    ALERT_FIRING = "alert_firing"
+    DETECTOR = "detector"
+
+
+def alert_signal(alertname: str) -> str:
+    """The signal of an Alertmanager alert: ``alert_firing:<alertname>``."""
+    return f"{Signal.ALERT_FIRING}:{alertname}"
+
+
+def detector_signal(detector: str) -> str:
+    """The signal of a site detector's firing: ``detector:<name>``."""
+    return f"{Signal.DETECTOR}:{detector}"
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,33 @@ def test_an_experiment_word_outside_its_enum_names_the_file_the_key_and_the_word
     good.write_text(EXPERIMENT)
     exp = load_experiment_file(good)
     assert exp.strategy is Strategy.NUMA and exp.mode is Mode.TRAIN
+
+
+def test_observation_signals_read_back_as_the_words_they_were_written_with(tmp_path: Path) -> None:
+    from slurm_chaos.rundir import (
+        Expectation,
+        FaultWindow,
+        Observation,
+        ObservationLog,
+        Signal,
+        alert_signal,
+        detector_signal,
+        load_observations,
+        write_observations,
+    )
+
+    written = ObservationLog(
+        fault_window=FaultWindow(start=1.0, end=None),
+        observations=(
+            Observation(Signal.JOB_REQUEUED, 2.0, "job 7 requeued (1)"),
+            Observation(alert_signal("ChaosStraggler"), 3.0, "{}"),
+            Observation(detector_signal("nhc"), 4.0, "node2: NHC: full", "nhc", ("checkpoint",)),
+        ),
+        expectation=Expectation(),
+    )
+    path = tmp_path / "observations.json"
+    write_observations(path, written)
+    raw = [o["signal"] for o in json.loads(path.read_text())["observations"]]
+    assert raw == ["job_requeued", "alert_firing:ChaosStraggler", "detector:nhc"]
+    assert [o.signal for o in load_observations(path).observations] == raw
+    assert load_observations(path).observations[0].signal == Signal.JOB_REQUEUED
