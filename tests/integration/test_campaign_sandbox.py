@@ -230,8 +230,16 @@ def test_kill_9_of_the_cli_then_cleanup_leaves_nothing(sandbox, chaos_site: Path
 
 
 VERDICTS = {"PASSED", "BLIND SPOT", "NOT RECOVERED", "NO EFFECT", "INCONCLUSIVE"}
-# The least median step-time shift slow-rank (percent=60, a duty cycle) must show.
-SLOW_RANK_MEDIAN_SHIFT = 0.1
+# The least median step-time shift slow-rank (percent=60: stopped 12 ms of every 20 ms) must show:
+# +111% to +141% measured on the sandbox, where a 100 ms period gave anything from +6% to +221%.
+SLOW_RANK_MEDIAN_SHIFT = 0.3
+
+
+def _slowed_rank_named(entry: dict[str, object]) -> None:
+    """slow-rank slows rank 1 (node2): the straggler analysis names it first."""
+    stragglers = entry["stragglers"]
+    assert isinstance(stragglers, list) and stragglers, entry
+    assert stragglers[0]["rank"] == 1 and stragglers[0]["kind"] == "slow_compute", stragglers
 
 
 def test_maintenance_campaign_gives_every_experiment_a_measured_verdict(
@@ -280,9 +288,8 @@ def test_maintenance_campaign_gives_every_experiment_a_measured_verdict(
         assert isinstance(e["regression"], float) and isinstance(e["p_value"], float), name
     # A rank slowed to 40% of its speed is detected by the full monitoring set-up.
     assert entries["slow-rank"]["verdict"] == "PASSED", entries["slow-rank"]["reason"]
-    # A rank stopped 60 ms of every 100 ms: the median step moves by as much as the share of steps
-    # a stop falls into, which the machine's step time decides (+18% to +91% seen here).
     assert entries["slow-rank"]["regression"] > SLOW_RANK_MEDIAN_SHIFT
+    _slowed_rank_named(entries["slow-rank"])
     # The requeued jobs resumed from their checkpoints, losing at most one interval.
     for name in ("node-drain-requeue", "rack-loss"):
         assert entries[name]["lost_steps"] <= 40, name
@@ -314,4 +321,5 @@ def test_weaker_monitoring_reports_a_blind_spot(sandbox, chaos_site: Path, tmp_p
     assert entry["verdict"] == "BLIND SPOT", entry["reason"]
     assert entry["significant"] is True
     assert entry["regression"] > SLOW_RANK_MEDIAN_SHIFT
+    _slowed_rank_named(entry)
     assert "BLIND SPOT" in res.stdout
