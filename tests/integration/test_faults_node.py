@@ -265,6 +265,10 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
     log_file = root / "log" / "slurm-chaos-agent.log"
     policy = etc / POLICY_NAME
     saved_policy = policy.read_text() if policy.exists() else None
+    # The hooks an earlier install put there (the session's `chaos_site`), put back afterwards: the
+    # tests after these ones run jobs whose faults need the prolog's grant.
+    hooks = [etc / f"{kind}.d" / HOOK_NAME for kind in ("prolog", "epilog")]
+    saved_hooks = {h: (h.read_bytes(), h.stat().st_mode) for h in hooks if h.exists()}
     # These tests measure faults on nodes that jobs share (several jobs per node, no --exclusive).
     # netem shapes the interface the site names for job traffic: the sandbox nodes' eth0.
     write_policy(
@@ -297,6 +301,9 @@ def cluster(sandbox) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
         yield c
     finally:
         uninstall_hooks(etc)
+        for hook, (data, mode) in saved_hooks.items():
+            hook.write_bytes(data)
+            hook.chmod(mode)
         if saved_policy is None:
             policy.unlink(missing_ok=True)
         else:
