@@ -109,6 +109,7 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     hold = experiment.hold_limit_s if role is Role.FAULT else None
+    spec = fault_spec(site, experiment, role, run_id)
     return template.render(
         site=site,
         experiment=experiment,
@@ -121,10 +122,10 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
         tasks_per_node=experiment.tasks_per_node or site.probe.tasks_per_node,
         steps=experiment.steps or site.probe.steps,
         nccl_env=site.nccl_env,
-        fault_spec=fault_spec(site, experiment, role, run_id),
+        fault_spec=spec,
         hold_file=None if hold is None else str(job_dir / RELEASE),
         hold_max_s=None if hold is None else f"{hold:g}",
-        injection_root=injection_root(site, fault_spec(site, experiment, role, run_id)),
+        injection_root=injection_root(site, spec),
     )
 
 
