@@ -107,7 +107,8 @@ class Ack:
     error: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"epoch": self.epoch, "state": self.state.value, "time": self.time, "error": self.error})
+        data = {"epoch": self.epoch, "state": self.state.value, "time": self.time, "error": self.error}
+        return json.dumps(data)
 
 
 def parse_ack(text: str) -> Ack | None:
@@ -142,7 +143,6 @@ class ChannelOwner:
         except FileExistsError:
             pass
         _check_root_dir(path)
-        os.chmod(path, 0o755, follow_symlinks=False)
         req = path / REQUEST
         try:
             fd = os.open(req, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
