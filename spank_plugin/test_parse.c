@@ -107,8 +107,8 @@ static void test_errors(void)
 {
 	bad("", "empty SPEC");
 	bad("bogus", "unknown fault 'bogus' (known: numa-mismatch, ");
-	bad("netem:bogus=1", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate)");
-	bad("netem:iface=lo", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate)");
+	bad("netem:bogus=1", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate, control)");
+	bad("netem:iface=lo", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate, control)");
 	bad("netem:delay", "netem: 'delay' is not KEY=VALUE");
 	bad("netem:", "netem: no KEY=VALUE after ':'");
 	bad("netem:delay=1s,", "netem: '' is not KEY=VALUE");

@@ -16,6 +16,7 @@ nothing pending.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -28,9 +29,10 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_chaos.errors import ChaosError, SlurmError
-from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - registries
+from slurm_chaos.faults import control, node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - registries
 from slurm_chaos.faults.catalogue import Where
 from slurm_chaos.faults.cleanup import cleanup, node_scheduler, revert_journal
+from slurm_chaos.faults.control import ChannelOwner
 from slurm_chaos.faults.journal import (
     DEFAULT_ROOT,
     Journal,
@@ -43,7 +45,7 @@ from slurm_chaos.faults.journal import (
     any_failed,
     undo_action,
 )
-from slurm_chaos.faults.node_base import APPLIERS, Controller, JobContext, log
+from slurm_chaos.faults.node_base import APPLIERS, Controller, JobContext, Switchable, log, switchback
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.hostlist import expand_hostlist
 from slurm_chaos.runner import Runner, SubprocessRunner
@@ -103,6 +105,106 @@ class Delayed:
             c.stop()
 
 
+@dataclass
+class Switched:
+    """The reversible faults of a switchback job, turned on and off by its control channel.
+
+    The faults were authorised and applied like any other (journalled, undone by the journal);
+    they start off. Every POLL_S the agent reads the channel's request, which can only say on or
+    off (:mod:`slurm_chaos.faults.control`), switches every fault, and acknowledges the new state
+    with the time it took effect, or with the error that left the faults as they were.
+    """
+
+    name: str
+    channel: ChannelOwner
+    children: list[Switchable]
+    on: bool = False
+    next_poll: float = 0.0
+
+    def tick(self, now: float) -> float:
+        if now >= self.next_poll:
+            self.next_poll = now + control.POLL_S
+            req = self.channel.read()
+            if req is not None:
+                self._switch(req, now)
+        return min([self.next_poll] + [c.tick(now) for c in self.children])
+
+    def _switch(self, req: control.Request, now: float) -> None:
+        want = req.state is control.State.ON
+        done: list[Switchable] = []
+        try:
+            for child in self.children:
+                child.switch(want, now)
+                done.append(child)
+        except (ChaosError, OSError) as exc:
+            for child in done:  # back to the state the job was last told
+                with contextlib.suppress(ChaosError, OSError):
+                    child.switch(self.on, now)
+            log.error("%s: switch %s for job %s failed: %s", self.name, req.state, self.channel.path, exc)
+            state = control.State.ON if self.on else control.State.OFF
+            self.channel.acknowledge(control.Ack(req.epoch, state, time.time(), str(exc)[:300]))
+            return
+        self.on = want
+        self.channel.acknowledge(control.Ack(req.epoch, req.state, time.time()))
+
+    def stop(self) -> None:
+        for c in self.children:
+            c.stop()
+        self.channel.close()
+
+
+def open_switched(requests: Sequence[FaultRequest], ctx: JobContext) -> tuple[list[Controller], list[str]]:
+    """Open the job's control channel on this node and apply its switchback faults, all off.
+
+    Returns (the one Switched controller, or none; the faults that failed). The channel belongs
+    to the job's uid, which Slurm gave the prolog; without it nothing is applied (fail closed).
+    """
+    names = [r.name for r in requests]
+    if ctx.uid is None or ctx.gid is None:
+        log.error(
+            "%s: control=switchback needs the job's uid and gid (SLURM_JOB_UID/GID): not applied", names
+        )
+        return [], names
+    path = control.channel_dir(ctx.journal.root, ctx.node, ctx.job_id)
+    where: dict[str, Json] = {"root": str(ctx.journal.root), "node": ctx.node, "job": ctx.job_id}
+    ctx.journal.record(
+        "control",
+        f"control channel {path} (uid {ctx.uid})",
+        Undo(action="control_remove", data=where),
+        ctx.deadline,
+    )
+    try:
+        channel = ChannelOwner.create(ctx.journal.root, ctx.node, ctx.job_id, ctx.uid, ctx.gid)
+    except (control.ChannelError, OSError) as exc:
+        log.error("%s: control channel for job %s not opened: %s: not applied", names, ctx.job_id, exc)
+        return [], names
+    children: list[Switchable] = []
+    failed: list[str] = []
+    for req in requests:
+        started = apply_one(req, ctx)
+        if started is None:
+            failed.append(req.name)
+            continue
+        for c in started:
+            if not isinstance(c, Switchable):
+                raise ChaosError(f"{req.name}: its controller {type(c).__name__} cannot be switched")
+            children.append(c)
+    if len(failed) == len(requests):
+        channel.close()
+        return [], failed
+    return [Switched("+".join(n for n in names if n not in failed), channel, children)], failed
+
+
+@undo_action("control_remove")
+def _control_remove(data: Mapping[str, Json], ctx: UndoContext) -> str:
+    root, node, job = Path(str(data["root"])), str(data["node"]), str(data["job"])
+    try:
+        control.remove_channel(root, node, job)
+    except control.ChannelError as exc:
+        raise UndoFailed(str(exc)) from exc
+    return f"control channel {control.channel_dir(root, node, job)} removed"
+
+
 def apply_one(req: FaultRequest, ctx: JobContext) -> list[Controller] | None:
     """Apply one fault now; None if it failed (logged; the other faults and the job go on)."""
     try:
@@ -121,7 +223,13 @@ def apply_all(
     controllers: list[Controller] = []
     applied: list[str] = []
     failed: list[str] = []
+    switched = [r for r in requests if switchback(r)]
+    if switched:
+        controllers, failed = open_switched(switched, ctx)
+        applied += [f"{r.name} (switchback, off)" for r in switched if r.name not in failed]
     for req in requests:
+        if switchback(req):
+            continue
         after = req.get("after") if req.fault.key("after") else None
         if isinstance(after, int | float) and after > 0:
             controllers.append(Delayed(req.name, req, ctx, now + float(after)))

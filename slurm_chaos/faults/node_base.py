@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Journal
@@ -96,6 +96,26 @@ class Controller(Protocol):
     def stop(self) -> None:
         """Leave the job's processes as they were (continue stopped tasks); called once at the end."""
         ...
+
+
+@runtime_checkable
+class Switchable(Controller, Protocol):
+    """A controller of a reversible fault that the job turns on and off (``control=switchback``).
+
+    An applier asked for ``control=switchback`` returns only switchable controllers, each starting
+    off; the agent's switch (``agent.Switched``) calls :meth:`switch` when the job's control channel
+    asks for a change. A ChaosError or OSError leaves the fault as it was and is acknowledged as
+    an error.
+    """
+
+    def switch(self, on: bool, now: float) -> None:
+        """Make the fault act (on) or not (off) from now on."""
+        ...
+
+
+def switchback(req: FaultRequest) -> bool:
+    """Whether the job turns this fault on and off itself (the catalogue's ``control`` key)."""
+    return req.fault.key("control") is not None and req.get("control") == "switchback"
 
 
 ApplyFn = Callable[[FaultRequest, JobContext], list[Controller]]

@@ -24,7 +24,16 @@ from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults import cgroupfs, node_gpu, node_proc
 from slurm_chaos.faults.cgroupfs import Cgroupfs, ProcessGone
 from slurm_chaos.faults.journal import JournalClosed, Json, Undo, UndoContext, UndoFailed, undo_action
-from slurm_chaos.faults.node_base import MARKER_ENV, Controller, JobContext, applies, log, num, text
+from slurm_chaos.faults.node_base import (
+    MARKER_ENV,
+    Controller,
+    JobContext,
+    applies,
+    log,
+    num,
+    switchback,
+    text,
+)
 from slurm_chaos.faults.node_proc import ProcId
 from slurm_chaos.faults.spec import FaultRequest
 
@@ -56,6 +65,8 @@ class DutyCycle:
     stopped: bool = False
     next_switch: float = 0.0
     next_scan: float = 0.0
+    #: False while a switchback job has the fault off: tasks are found and journalled, not stopped.
+    active: bool = True
 
     def _scan(self, now: float) -> None:
         self.next_scan = now + SCAN_EVERY_S
@@ -84,7 +95,7 @@ class DutyCycle:
     def tick(self, now: float) -> float:
         if now >= self.next_scan:
             self._scan(now)
-        if not self.procs:
+        if not self.procs or not self.active:
             return self.next_scan
         if now >= self.next_switch:
             share = self.percent / 100.0
@@ -100,6 +111,12 @@ class DutyCycle:
     def stop(self) -> None:
         self._signal_all(signal.SIGCONT)
         self.stopped = False
+
+    def switch(self, on: bool, now: float) -> None:
+        if not on:
+            self.stop()
+        self.active = on
+        self.next_switch = now
 
 
 # ----------------------------------------------------------------------------------- cgroups
@@ -150,10 +167,27 @@ class CgroupQuota:
     capped: set[Path] = field(default_factory=set)
     refused: str = ""
     next_scan: float = 0.0
+    #: False while a switchback job has the fault off: the cgroups are made, the cap is lifted.
+    active: bool = True
+    #: What was capped and with how many CPUs, to lift and restore the cap when switched.
+    limits: dict[Path, int] = field(default_factory=dict)
 
     @property
     def share(self) -> float:
         return 1.0 - self.percent / 100.0
+
+    def _limit(self, path: Path, cpus: int) -> None:
+        """Write the cap (or, while off, no cap) to a cpu.max (v2) or cpu.cfs_quota_us (v1)."""
+        self.limits[path] = cpus
+        if path.name == "cpu.max":
+            _write(path, f"{_quota(self.share, cpus)} 100000" if self.active else "max 100000")
+        else:
+            path.write_text(f"{_quota(self.share, cpus)}\n" if self.active else "-1\n")
+
+    def switch(self, on: bool, now: float) -> None:
+        self.active = on
+        for path, cpus in self.limits.items():
+            self._limit(path, cpus)
 
     def tick(self, now: float) -> float:
         if self.refused:
@@ -249,7 +283,7 @@ class CgroupQuota:
             cgroupfs.copy_cpuset(group)
         # A rank may use several CPUs (threads): the cap scales with the CPUs it may run on.
         (group / "cpu.cfs_period_us").write_text("100000\n")
-        (group / "cpu.cfs_quota_us").write_text(f"{_quota(self.share, cpus)}\n")
+        self._limit(group / "cpu.cfs_quota_us", cpus)
         self.group = group
         return group
 
@@ -291,7 +325,7 @@ class CgroupQuota:
                 _write(d / "cgroup.subtree_control", "+cpu")
         old = (leaf / "cpu.max").read_text().strip()
         self._record(f"cpu.max of {leaf}", "cgroup_write", path=str(leaf / "cpu.max"), value=old)
-        _write(leaf / "cpu.max", f"{_quota(self.share, cpus)} 100000")
+        self._limit(leaf / "cpu.max", cpus)
         self.capped.add(leaf)
         self.moved[p.pid] = p
         log.info(
@@ -418,18 +452,21 @@ def _signal_process(data: Mapping[str, Json], ctx: UndoContext) -> str:
 # ----------------------------------------------------------------------------------- faults
 
 
-def _throttle(name: str, ctx: JobContext, rank: int | None, percent: float, method: str) -> Controller:
+def _throttle(
+    name: str, ctx: JobContext, rank: int | None, percent: float, method: str, active: bool = True
+) -> Controller:
     if method == "cgroup":
         fs = Cgroupfs()
         if not fs.v2:
             fs.cpu_hierarchy()  # no cpu controller: refused now, before anything is journalled
-        return CgroupQuota(name, ctx, rank, percent, fs)
-    return DutyCycle(name, ctx, rank, percent)
+        return CgroupQuota(name, ctx, rank, percent, fs, active=active)
+    return DutyCycle(name, ctx, rank, percent, active=active)
 
 
 @applies("slow-rank")
 def apply_slow_rank(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    return [_throttle(req.name, ctx, int(num(req, "rank")), num(req, "percent"), text(req, "method"))]
+    rank, percent, method = int(num(req, "rank")), num(req, "percent"), text(req, "method")
+    return [_throttle(req.name, ctx, rank, percent, method, active=not switchback(req))]
 
 
 @applies("slow-node")
@@ -441,7 +478,7 @@ def apply_slow_node(req: FaultRequest, ctx: JobContext) -> list[Controller]:
         raise ChaosError(f"slow-node: node={index} but the job has only {len(ctx.nodes)} nodes")
     if ctx.nodes[index] != ctx.node:
         return []
-    return [DutyCycle(req.name, ctx, None, num(req, "percent"))]
+    return [DutyCycle(req.name, ctx, None, num(req, "percent"), active=not switchback(req))]
 
 
 def stress_argv(load: str, cpus: int, seconds: int) -> list[str]:
@@ -455,6 +492,8 @@ def stress_argv(load: str, cpus: int, seconds: int) -> list[str]:
     return ["stress-ng", *workers, "--timeout", f"{max(1, seconds)}s", "--quiet"]
 
 
+#: While a switchback job has its noisy neighbour off, how often late-forked workers are stopped.
+HOLD_STOPPED_S = 0.2
 #: How long a noisy neighbour waits for its job's extern step (the job's cgroup) before giving up.
 EXTERN_WAIT_S = 60.0
 EXTERN_POLL_S = 0.5
@@ -517,10 +556,29 @@ class NoisyLoad:
     extern: Callable[[str, Cgroupfs], dict[str, str] | None] = extern_step_cgroups
     give_up: float = 0.0
     done: bool = False
+    #: False while a switchback job has the load off: it is started, then kept stopped.
+    active: bool = True
+    started: bool = False
+    next_hold: float = 0.0
+
+    def _signal(self, sig: int) -> None:
+        for p in marked(self.ctx.marker(self.name)):
+            node_proc.send(p, sig)
+
+    def switch(self, on: bool, now: float) -> None:
+        self.active = on
+        if self.started:
+            self._signal(signal.SIGCONT if on else signal.SIGSTOP)
+        self.next_hold = now + HOLD_STOPPED_S
 
     def tick(self, now: float) -> float:
         if self.done:
-            return float("inf")
+            if not self.started or self.active:
+                return float("inf")
+            if now >= self.next_hold:  # a worker forked after the last SIGSTOP is stopped too
+                self._signal(signal.SIGSTOP)
+                self.next_hold = now + HOLD_STOPPED_S
+            return self.next_hold
         if not self.give_up:
             self.give_up = now + EXTERN_WAIT_S
         cgroups = self.extern(self.ctx.job_id, self.fs)
@@ -551,10 +609,17 @@ class NoisyLoad:
             ["sh", "-c", JOIN_CGROUPS, "sh", *procs, "--", *argv], {MARKER_ENV: marker}, self.ctx.log_file
         )
         log.info("%s: started %s (pid %d) in %s", self.name, " ".join(argv), pid, where)
+        self.started = True
+        if not self.active:
+            self._signal(signal.SIGSTOP)
+            self.next_hold = now + HOLD_STOPPED_S
+            return self.next_hold
         return float("inf")
 
     def stop(self) -> None:
-        """Nothing: the load ends with the job's extern step, or by the journal's undo."""
+        """Continue a load switched off; it ends with the job's extern step, or by the undo."""
+        if self.started and not self.active:
+            self._signal(signal.SIGCONT)
 
 
 @applies("noisy-neighbour")
@@ -578,7 +643,7 @@ def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller
         def command(seconds: int) -> list[str]:
             return stress_argv(load, cpus, seconds)
 
-    return [NoisyLoad(req.name, ctx, command)]
+    return [NoisyLoad(req.name, ctx, command, active=not switchback(req))]
 
 
 def marked(marker: str) -> list[ProcId]:
@@ -598,6 +663,7 @@ def _kill_marked(data: Mapping[str, Json], ctx: UndoContext) -> str:
     procs = marked(marker)
     for p in procs:
         node_proc.send(p, signal.SIGTERM)
+        node_proc.send(p, signal.SIGCONT)  # a load a switchback job left stopped
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(node_proc.is_alive(p) for p in procs):
         time.sleep(0.05)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo_action
-from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num
+from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, switchback
 from slurm_chaos.faults.spec import FaultRequest
 
 HANDLE = "cafe:"
@@ -105,11 +105,65 @@ def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
         Undo(action="tc_restore", data={"iface": iface, "before": before.kind if before else ""}),
         ctx.deadline,
     )
+    if switchback(req):
+        # Off until the job asks: the qdisc is added when switched on, deleted when switched off.
+        toggle = QdiscToggle(req.name, ctx, iface, argv)
+        toggle.probe_kind(req)
+        return [toggle]
     res = ctx.runner(argv, timeout=10)
     if not res.ok and "kind is unknown" in res.stderr:
         return _without_netem(req, ctx, iface)
     check(res.ok, " ".join(argv), res.stderr)
     return []
+
+
+@dataclass
+class QdiscToggle:
+    """netem (or tbf) that a switchback job turns on and off: one tc call per change.
+
+    Off is the interface's default qdisc (ours deleted), on is ours added again, so an off block
+    is exactly the unfaulted interface; the journal's ``tc_restore`` removes ours whatever state
+    the job left it in.
+    """
+
+    name: str
+    ctx: JobContext
+    iface: str
+    argv: list[str]
+    on: bool = False
+
+    def probe_kind(self, req: FaultRequest) -> None:
+        """Add and delete ours once now: a kernel without sch_netem falls back to tbf here, not
+        in the middle of the job's first on block; and an error is reported before the job."""
+        res = self.ctx.runner(self.argv, timeout=10)
+        if not res.ok and "kind is unknown" in res.stderr:
+            _without_netem(req, self.ctx, self.iface)
+            head = self.argv[: self.argv.index("netem")]
+            self.argv = [*head, "tbf", *tbf_args(int(num(req, "rate")))]
+        else:
+            check(res.ok, " ".join(self.argv), res.stderr)
+        self._delete()
+
+    def _delete(self) -> None:
+        argv = ["tc", "qdisc", "del", "dev", self.iface, "root"]
+        res = self.ctx.runner(argv, timeout=10)
+        check(res.ok, " ".join(argv), res.stderr)
+
+    def switch(self, on: bool, now: float) -> None:
+        if on == self.on:
+            return
+        if on:
+            res = self.ctx.runner(self.argv, timeout=10)
+            check(res.ok, " ".join(self.argv), res.stderr)
+        else:
+            self._delete()
+        self.on = on
+
+    def tick(self, now: float) -> float:
+        return float("inf")
+
+    def stop(self) -> None:
+        """Nothing: the journal's ``tc_restore`` deletes our qdisc."""
 
 
 def tbf_args(rate: int) -> list[str]:

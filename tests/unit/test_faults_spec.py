@@ -114,8 +114,8 @@ def test_typed_values_and_defaults() -> None:
     [
         ("", "", "empty SPEC"),
         ("bogus", "bogus", "unknown fault 'bogus' (known: numa-mismatch, "),
-        ("netem:bogus=1", "bogus", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate)"),
-        ("netem:iface=lo", "iface", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate)"),
+        ("netem:bogus=1", "bogus", "netem: unknown key 'bogus' (keys: delay, jitter, loss, rate, control)"),
+        ("netem:iface=lo", "iface", "netem: unknown key 'iface' (keys: delay, jitter, loss, rate, control)"),
         ("netem:delay", "delay", "netem: 'delay' is not KEY=VALUE"),
         ("netem:", "netem:", "netem: no KEY=VALUE after ':'"),
         ("netem:delay=1s,delay=2s", "delay", "netem: key 'delay' given twice"),
