@@ -138,6 +138,9 @@ class ChannelOwner:
         """Make (or take over, after an agent restart) the channel of a job; the fault starts off."""
         path = channel_dir(root, node, job_id)
         _check_root_dir(path.parent)
+        for d in (root, path.parent):
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                raise ChannelError(f"{d}: the job's user cannot reach its control channel (mode without o+x)")
         try:
             os.mkdir(path, 0o755)
         except FileExistsError:
@@ -208,9 +211,14 @@ class ChannelClient:
 
     @classmethod
     def find(cls, root: Path, node: str, job_id: str) -> ChannelClient | None:
-        """The node's channel for this job, or None where the agent opened none (no fault here)."""
+        """The node's channel for this job, or None where the agent opened none (no fault here);
+        OSError (EACCES) where one may be there but the job's user cannot reach it."""
         path = channel_dir(root, node, job_id)
-        return cls(path) if (path / REQUEST).is_file() else None
+        try:
+            os.stat(path / REQUEST)
+        except FileNotFoundError:
+            return None  # PermissionError goes up: a channel the job cannot reach is an error
+        return cls(path)
 
     def ack(self) -> Ack | None:
         try:

@@ -341,3 +341,18 @@ def test_a_switchback_netem_adds_its_qdisc_only_while_on(journal_root: Path) -> 
     assert [c[2] for c in calls] == ["add", "del"]
     assert "delay" in calls[0] and "eth1" in calls[0]
     sw.stop()
+
+
+@needs_root
+def test_a_journal_root_the_user_cannot_traverse_is_refused_at_apply(journal_root: Path) -> None:
+    journal_root.chmod(0o700)
+    with pytest.raises(ChannelError, match="cannot reach"):
+        ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
+    journal_root.chmod(0o755)
+    ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY).close()
+    res = as_nobody(
+        "import pathlib\n"
+        "from slurm_chaos.faults.control import ChannelClient\n"
+        f"print(ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '78'))\n"
+    )
+    assert res.stdout.strip() == "None", res.stderr  # no channel for a job that has none
