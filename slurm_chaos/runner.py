@@ -7,7 +7,7 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,22 @@ class SubprocessRunner:
         return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
 
+class Invocation(NamedTuple):
+    """One command a FakeRunner was asked to run, with the bounds and environment it was given."""
+
+    argv: tuple[str, ...]
+    timeout: float | None
+    env: Mapping[str, str] | None
+
+
 @dataclass
 class FakeRunner:
-    """Replays canned outputs for unit tests; records every argv it was asked to run."""
+    """Replays canned outputs for unit tests; records every argv it was asked to run (``calls``)
+    and, for tests of what a command is run with, its timeout and environment (``invocations``)."""
 
     responses: Callable[[tuple[str, ...]], Completed]
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    invocations: list[Invocation] = field(default_factory=list)
 
     def __call__(
         self,
@@ -90,4 +100,5 @@ class FakeRunner:
     ) -> Completed:
         key = tuple(argv)
         self.calls.append(key)
+        self.invocations.append(Invocation(key, timeout, env))
         return self.responses(key)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -229,27 +229,17 @@ def test_cleanup_asks_the_controller_and_reverts_only_ended_jobs(tmp_path: Path)
     assert runner.calls == [("undo", "2")]
 
 
-@dataclass
-class Squeue:
-    """Answers `squeue -h -j J -o %T` and `%L` per job; records each call's timeout and environment."""
+def squeue(answers: Mapping[str, Completed]) -> FakeRunner:
+    """Answers `squeue -h -j J -o %T` and `%L` per job."""
 
-    answers: Mapping[str, Completed]
-    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        input: str | None = None,
-    ) -> Completed:
-        self.calls.append((tuple(argv), timeout, env))
-        assert argv[:3] == ["squeue", "-h", "-j"] and argv[4] == "-o", argv
-        done = self.answers[argv[3]]
+    def answer(argv: tuple[str, ...]) -> Completed:
+        assert argv[:3] == ("squeue", "-h", "-j") and argv[4] == "-o", argv
+        done = answers[argv[3]]
         if argv[5] == "%L" and done.ok:
-            return Completed(tuple(argv), 0, "1:00:00\n" if done.stdout == "RUNNING\n" else "", "")
-        return replace(done, argv=tuple(argv))
+            return Completed(argv, 0, "1:00:00\n" if done.stdout == "RUNNING\n" else "", "")
+        return replace(done, argv=argv)
+
+    return FakeRunner(answer)
 
 
 def test_the_node_side_cli_questions_tell_running_from_ended_from_cannot_tell() -> None:
@@ -262,12 +252,16 @@ def test_the_node_side_cli_questions_tell_running_from_ended_from_cannot_tell() 
         "6": Completed((), 0, "", ""),
         "7": Completed((), 0, "PENDING\n", ""),
     }
-    runner = Squeue(answers)
+    runner = squeue(answers)
     scheduler = node_scheduler(runner)
     assert [scheduler.job_running(j) for j in "1234567"] == [True, False, False, None, None, False, False]
-    assert runner.calls[0] == (("squeue", "-h", "-j", "1", "-o", "%T"), 15.0, {})  # slurmd's env as it is
+    assert runner.invocations[0] == (
+        ("squeue", "-h", "-j", "1", "-o", "%T"),
+        15.0,
+        {},
+    )  # slurmd's env as it is
     assert scheduler.time_left("1") == 3600.0
-    assert runner.calls[-1] == (("squeue", "-h", "-j", "1", "-o", "%L"), 15.0, {})
+    assert runner.invocations[-1] == (("squeue", "-h", "-j", "1", "-o", "%L"), 15.0, {})
     for job in "345":
         with pytest.raises(SlurmError):
             scheduler.time_left(job)
@@ -303,7 +297,7 @@ def test_delayed_fault_fires_after_its_delay(tmp_path: Path, monkeypatch: pytest
 
     kmsg = tmp_path / "kmsg"
     monkeypatch.setattr(node_gpu, "KMSG", kmsg)
-    monkeypatch.setattr(node_gpu.shutil, "which", lambda name: None)
+    monkeypatch.setattr("slurm_chaos.faults.node_gpu.shutil.which", lambda name: None)
     runner = FakeRunner(lambda a: Completed(a, 1, "", "squeue: unreachable"))
     t0 = time.time()
     res = agent.apply(

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -292,7 +292,7 @@ def test_every_fault_with_a_control_key_has_an_applier_that_can_switch() -> None
 def test_a_switched_off_noisy_neighbour_is_stopped_and_still_killed_by_the_undo(journal_root: Path) -> None:
     marker = ctx_for(journal_root).marker("noisy-neighbour")
 
-    def spawn(argv: list[str], env: dict[str, str], log_file: Path | None) -> int:
+    def spawn(argv: Sequence[str], env: Mapping[str, str], log_file: Path | None) -> int:
         return popen_spawner(["sh", "-c", "sleep 60 & sleep 60"], {MARKER_ENV: marker}, None)
 
     ctx = dataclasses.replace(ctx_for(journal_root, uid=0, gid=0), spawner=spawn)
@@ -320,9 +320,9 @@ def test_a_switched_off_noisy_neighbour_is_stopped_and_still_killed_by_the_undo(
 def test_a_switchback_netem_adds_its_qdisc_only_while_on(journal_root: Path) -> None:
     calls: list[tuple[str, ...]] = []
 
-    def tc(argv: list[str]) -> Completed:
-        calls.append(tuple(argv))
-        out = "qdisc noqueue 0: root refcnt 2\n" if argv[:3] == ["tc", "qdisc", "show"] else ""
+    def tc(argv: tuple[str, ...]) -> Completed:
+        calls.append(argv)
+        out = "qdisc noqueue 0: root refcnt 2\n" if argv[:3] == ("tc", "qdisc", "show") else ""
         return Completed(argv, 0, out, "")
 
     ctx = dataclasses.replace(ctx_for(journal_root), runner=FakeRunner(tc), job_interface="eth1")

@@ -7,8 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -127,25 +125,6 @@ def test_a_refused_update_is_reported() -> None:
     assert action == hc.Action("resume failed: Invalid node state specified", False)
 
 
-@dataclass
-class RecordingRunner:
-    """FakeRunner's answers, with the timeout and environment of every call kept."""
-
-    inner: FakeRunner
-    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        input: str | None = None,
-    ) -> Completed:
-        self.calls.append((tuple(argv), timeout, env))
-        return self.inner(argv, timeout=timeout, env=env, input=input)
-
-
 @pytest.mark.parametrize(
     ("show", "results", "update"),
     [
@@ -157,18 +136,18 @@ def test_the_cli_commands_environment_and_timeout_are_the_health_checks(
     show: str, results: list[Result], update: tuple[str, ...]
 ) -> None:
     """Run by slurmd as root: only SLURM_CONF is added to slurmd's environment, every command is bounded."""
-    runner = RecordingRunner(slurm(show))
+    runner = slurm(show)
     action = hc.remediate(hc.health_scheduler(runner, OPTS), OPTS, results)
     assert action.reachable
     env = {"SLURM_CONF": "/sandbox/etc/slurm.conf"}
-    assert runner.calls == [
+    assert runner.invocations == [
         (("scontrol", "-o", "show", "node", "node2"), hc.SCONTROL_TIMEOUT_S, env),
         (update, hc.SCONTROL_TIMEOUT_S, env),
     ]
     # Without a SLURM_CONF of its own the check adds nothing to slurmd's environment.
-    runner = RecordingRunner(slurm(show))
+    runner = slurm(show)
     hc.remediate(hc.health_scheduler(runner, hc.Options(node="node2")), hc.Options(node="node2"), results)
-    assert [c[2] for c in runner.calls] == [{}, {}]
+    assert [c.env for c in runner.invocations] == [{}, {}]
 
 
 def test_the_cli_maps_an_unreachable_controller_and_a_refused_update() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,24 +73,13 @@ def calls_to(runner: FakeRunner, command: str) -> list[tuple[str, ...]]:
     return [c for c in runner.calls if c[0] == command]
 
 
-@dataclass
-class RecordingRunner:
-    """Records the keyword arguments FakeRunner does not keep (timeout, env)."""
-
-    calls: list[tuple[tuple[str, ...], float | None, Mapping[str, str] | None]] = field(default_factory=list)
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float | None = None,
-        env: Mapping[str, str] | None = None,
-        input: str | None = None,
-    ) -> Completed:
-        self.calls.append((tuple(argv), timeout, env))
-        if argv[:2] == ["sinfo", "--version"]:
-            return ok(tuple(argv), "slurm-wlm 22.05.8\n")
-        return ok(tuple(argv), "77\n")
+def recording() -> FakeRunner:
+    """sinfo --version and sbatch answers, for tests of the timeout and environment kept per call."""
+    return FakeRunner(
+        lambda argv: (
+            ok(argv, "slurm-wlm 22.05.8\n") if argv[:2] == ("sinfo", "--version") else ok(argv, "77\n")
+        )
+    )
 
 
 # ------------------------------------------------------------------ version, submit
@@ -105,10 +94,10 @@ def test_version_is_read_once() -> None:
 
 
 def test_submit_argv_env_and_timeout(tmp_path: Path) -> None:
-    runner = RecordingRunner()
+    runner = recording()
     cli = SlurmCLI(ENV, runner, timeout=5)
     job = cli.submit(tmp_path / "job.sbatch", ["-N2", "--switches=1"], env={"NCCL_IB_DISABLE": "1"})
-    argv, timeout, env = runner.calls[-1]
+    argv, timeout, env = runner.invocations[-1]
     assert job == "77"
     assert argv == ("sbatch", "--parsable", "-N2", "--switches=1", str(tmp_path / "job.sbatch"))
     assert timeout == 5 and env == {**ENV, "NCCL_IB_DISABLE": "1"}
