@@ -231,6 +231,7 @@ class ChannelClient:
         fd = os.open(self.path / REQUEST, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             os.pwrite(fd, format_request(self.epoch, state), 0)
+            os.ftruncate(fd, REQUEST_SIZE)  # whatever was there before, only the record is left
         finally:
             os.close(fd)
         return self.epoch

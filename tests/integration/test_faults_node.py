@@ -831,3 +831,87 @@ def test_spank_plugin_and_the_prolog_act_on_one_granted_spec(cluster: Cluster) -
     faults = {json.loads(line).get("fault") for line in cluster.journal("node2", job).splitlines()}
     assert {"netem", "agent", "nccl-degrade"} <= faults  # one journal holds both sides' changes
     assert cluster.snapshot("node2") == before
+
+
+# Runs as each task of a switchback job: fixed chunks of CPU work, each timed, for `SECONDS` seconds.
+CHUNKS = r"""
+import os, time
+end = time.time() + float(os.environ["SECONDS_"])
+rank = os.environ["SLURM_PROCID"]
+while time.time() < end:
+    t = time.time()
+    x = 0
+    for i in range(300000):
+        x += i * i
+    print(f"CHUNK rank={rank} t={t:.4f} wall={time.time() - t:.4f}", flush=True)
+"""
+
+# Runs in the batch step as the job's user: the rank's side of the control channel. A SPEC written
+# into the request first (ignored), then off -> on -> off, each acknowledged.
+TOGGLE = r"""
+import os, sys, time
+from pathlib import Path
+from slurm_chaos.faults.control import ChannelClient, State
+c = ChannelClient.find(Path(sys.argv[1]), os.environ["SLURMD_NODENAME"], os.environ["SLURM_JOB_ID"])
+assert c is not None, "no control channel"
+with open(c.path / "request", "r+b") as f:
+    f.write(b"slow-rank:rank=0,percent=99,control=static\n")
+time.sleep(2.0)
+for state, hold in ((State.ON, 3.0), (State.OFF, 3.0)):
+    t = time.time()
+    e = c.request(state)
+    ack = c.wait(e, 2.0)
+    print(f"ACK state={state.value} epoch={e} asked={t:.4f} at={ack.time:.4f} error={ack.error!r}",
+          flush=True)
+    time.sleep(hold)
+"""
+
+
+def test_a_switchback_slow_rank_acts_only_between_the_users_on_and_off(
+    cluster: Cluster, sandbox_users: dict[str, SandboxUser]
+) -> None:
+    """As an unprivileged user's job: the fault starts off, the job's on/off requests are
+    acknowledged within milliseconds, rank 1 is slow only while on, rank 0 never, a SPEC written
+    into the channel changes nothing, and after the job the channel and the fault are gone."""
+    user = sandbox_users["chaosok"]
+    before = cluster.snapshot("node1")
+    (cluster.shared / "chunks.py").write_text(CHUNKS)
+    (cluster.shared / "toggle.py").write_text(TOGGLE)
+    script = (
+        f"SECONDS_=9 srun -n2 -N1 {USER_PY} {cluster.shared}/chunks.py &\n"
+        f"PYTHONPATH={REPO} {USER_PY} {cluster.shared}/toggle.py {cluster.journal_root}\n"
+        "wait\n"
+    )
+    spec = "slow-rank:rank=1,percent=60,control=switchback"
+    job = cluster.submit(script, spec, "-N1", "-n2", "-w", "node1", user=user)
+    cluster.wait_done(job, ["node1"])
+    out = cluster.output(job)
+    acks = {
+        s: (float(asked), float(at), err)
+        for s, asked, at, err in re.findall(
+            r"ACK state=(\w+) epoch=\d+ asked=([0-9.]+) at=([0-9.]+) error='(.*)'", out
+        )
+    }
+    assert set(acks) == {"on", "off"} and acks["on"][2] == acks["off"][2] == "", out
+    for asked, at, _ in acks.values():
+        assert 0 <= at - asked < 0.25, acks  # the agent polls every 5 ms: well within a probe step
+    on_from, on_to = acks["on"][1], acks["off"][1]
+    chunks = [
+        (int(r), float(t), float(w))
+        for r, t, w in re.findall(r"CHUNK rank=(\d) t=([0-9.]+) wall=([0-9.]+)", out)
+    ]
+
+    def median(rank: int, on: bool) -> float:
+        walls = sorted(
+            w
+            for r, t, w in chunks
+            if r == rank and (on_from + 0.2 < t < on_to - 0.2 if on else t > on_to + 0.2 or t + w < on_from)
+        )
+        assert len(walls) >= 3, (rank, on, out)
+        return walls[len(walls) // 2]
+
+    assert median(1, True) / median(1, False) > 1.6, out  # 60% of its time lost while on
+    assert median(0, True) / median(0, False) < 1.3, out  # never the other rank (nor by the SPEC written)
+    assert "control_remove" in cluster.journal("node1", job)
+    assert not (cluster.journal_root / "node1" / f"{job}.control").exists()
+    assert cluster.snapshot("node1") == before

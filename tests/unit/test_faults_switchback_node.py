@@ -109,6 +109,7 @@ def test_the_agent_makes_the_channel_the_user_writes_only_the_request(journal_ro
         "import os, pathlib\n"
         "from slurm_chaos.faults.control import ChannelClient, State\n"
         f"c = ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '77')\n"
+        "open(c.path / 'request', 'r+b').write(b'slow-rank:rank=0,percent=99,control=static' * 3)\n"
         "print(c.request(State.ON))\n"
         "for attempt in (lambda: os.unlink(c.path / 'request'),\n"
         "                lambda: os.rename(c.path / 'request', c.path / 'x'),\n"
