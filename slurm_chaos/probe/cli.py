@@ -14,6 +14,7 @@ from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.rendezvous import SOURCES
 from slurm_chaos.probe.run import ProbeConfig, run_probe, summary_json
 from slurm_chaos.probe.schema import ProbeMode
+from slurm_chaos.probe.switch import ACK_TIMEOUT_S, load_schedule
 
 
 def _positive_int(text: str) -> int:
@@ -111,6 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="... or until the hold has lasted this long (the job then ends by itself)",
     )
+    p.add_argument(
+        "--fault-schedule",
+        type=Path,
+        help="train: the switchback schedule (JSON) to toggle the job's fault by, at step boundaries",
+    )
+    p.add_argument(
+        "--fault-control",
+        type=Path,
+        help="... through the node's control channel under this journal root (needs --fault-schedule)",
+    )
+    p.add_argument(
+        "--fault-ack-timeout",
+        type=_positive_float,
+        default=ACK_TIMEOUT_S,
+        help="seconds a toggle waits for the agent's acknowledgement before the step is dropped",
+    )
     return p
 
 
@@ -121,6 +138,11 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
         raise UsageError(f"--max-bytes {a.max_bytes} is smaller than --min-bytes {a.min_bytes}")
     if a.hold_file is not None and ProbeMode(a.mode) is not ProbeMode.TRAIN:
         raise UsageError("--hold-file: only mode train holds (allreduce runs a fixed sweep)")
+    if a.fault_control is not None and a.fault_schedule is None:
+        raise UsageError("--fault-control: needs --fault-schedule (the schedule says when to toggle)")
+    if a.fault_schedule is not None and ProbeMode(a.mode) is not ProbeMode.TRAIN:
+        raise UsageError("--fault-schedule: only mode train follows a schedule (its steps are the blocks')")
+    schedule = None if a.fault_schedule is None else load_schedule(a.fault_schedule, a.steps)
     return ProbeConfig(
         steps=a.steps,
         out=a.out,
@@ -145,6 +167,9 @@ def parse(argv: Sequence[str] | None = None) -> ProbeConfig:
         flush_interval=a.flush_interval,
         hold_file=a.hold_file,
         hold_max_s=a.hold_max_s,
+        fault_schedule=schedule,
+        fault_control=a.fault_control,
+        fault_ack_timeout=a.fault_ack_timeout,
     )
 
 

@@ -11,10 +11,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from slurm_chaos.analysis.schedule import SwitchbackSchedule, schedule_from_json
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.schema import META_ATTR, READABLE_VERSIONS, STEP_FIELDS, rank_file_name
+from slurm_chaos.probe.schema import (
+    FAULT_FIELDS,
+    META_ATTR,
+    READABLE_VERSIONS,
+    STEP_FIELDS,
+    rank_file_name,
+)
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 _RANK_FILE = re.compile(r"^rank-(\d+)\.h5$")
 
 
@@ -28,9 +36,11 @@ class Event:
 @dataclass(frozen=True)
 class Selection:
     """Which of a rank file's datasets :func:`read_rank` reads (``steps/step`` and ``steps/t_start``
-    always): an analysis names the few it needs, as over 1,000s of files each one read shows."""
+    always): an analysis names the few it needs, as over 1,000s of files each one read shows.
+    ``fault``: a switchback run's ``steps/fault_state`` and ``steps/fault_epoch``, where present."""
 
     fields: tuple[str, ...] = STEP_FIELDS
+    fault: bool = True
     events: bool = True
     telemetry: bool = True
     allreduce: bool = True
@@ -55,6 +65,9 @@ class RankData:
     events: tuple[Event, ...] = ()
     allreduce: dict[str, FloatArray] = field(default_factory=dict)
     telemetry: dict[str, FloatArray] = field(default_factory=dict)
+    # A switchback run's per-step fault state (0/1/2) and acknowledged epoch; None where absent.
+    fault_state: npt.NDArray[np.int8] | None = None
+    fault_epoch: IntArray | None = None
 
     @property
     def step_time(self) -> FloatArray:
@@ -84,6 +97,25 @@ class RunData:
     @property
     def hosts(self) -> tuple[str, ...]:
         return tuple(r.host for r in self.ranks)
+
+    def fault_schedule(self) -> SwitchbackSchedule | None:
+        """The fault schedule the run followed (rank 0's ``fault_schedule``), None without one."""
+        first = self.ranks[0]
+        text = first.attrs.get("fault_schedule")
+        if text is None:
+            return None
+        return schedule_from_json(str(text), source=f"{first.path}: fault_schedule")
+
+    def observed_state(self) -> IntArray | None:
+        """Per step, the highest ``fault_state`` over the ranks that recorded one (a step one node
+        was unsure of does not count for the job), aligned with :meth:`matrix`'s columns; None
+        where no rank recorded one."""
+        states = [r.fault_state for r in self.ranks if r.fault_state is not None]
+        if not states:
+            return None
+        n = min(len(r.step_time) for r in self.ranks)
+        observed: IntArray = np.stack([s[:n] for s in states]).max(axis=0).astype(np.int64)
+        return observed
 
 
 def _attr(attrs: dict[str, object], key: str, path: Path) -> object:
@@ -171,8 +203,14 @@ def read_rank(path: Path, selection: Selection = EVERYTHING) -> RankData:
             fields = {name: _read_array(f, "steps/" + name) for name in wanted}
             if "step_time" not in fields:
                 raise DataError(f"{path}: no dataset steps/step_time")
-            n = min(len(v) for v in fields.values())
+            fault = {
+                name: _read_array(f, "steps/" + name, np.dtype(dtype).type)
+                for name, dtype in FAULT_FIELDS.items()
+                if selection.fault and name in members
+            }
+            n = min(len(v) for v in (*fields.values(), *fault.values()))
             fields = {k: v[:n] for k, v in fields.items()}
+            fault = {k: v[:n] for k, v in fault.items()}
             step = _read_array(f, "steps/step", np.int64)[:n] if "step" in members else np.arange(n)
             t_start = _read_array(f, "steps/t_start")[:n] if "t_start" in members else np.full(n, np.nan)
             events = _read_events(f) if selection.events and "events" in top else ()
@@ -195,6 +233,8 @@ def read_rank(path: Path, selection: Selection = EVERYTHING) -> RankData:
         events=events,
         allreduce=allreduce,
         telemetry=telemetry,
+        fault_state=fault.get("fault_state"),
+        fault_epoch=fault.get("fault_epoch"),
     )
 
 

@@ -15,12 +15,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.errors import ChaosError, DataError, UsageError
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
 from slurm_chaos.probe.schema import ProbeMode, rank_file_name
+from slurm_chaos.probe.switch import ACK_TIMEOUT_S, FaultSwitch, StepFault, open_switch
 from slurm_chaos.probe.workload import CollectiveFailed, collective
 from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
 
@@ -69,6 +71,11 @@ class ProbeConfig:
     # once what it waits for happened) or hold_max_s passed; None: end after the steps.
     hold_file: Path | None = None
     hold_max_s: float = 0.0
+    # Train: a switchback schedule toggles the fault at step boundaries (probe.switch), through
+    # the node's control channel under fault_control (the journal root); None: no schedule.
+    fault_schedule: SwitchbackSchedule | None = None
+    fault_control: Path | None = None
+    fault_ack_timeout: float = ACK_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -283,6 +290,7 @@ def _open_writer(
         attrs,
         attempt=attempt,
         allreduce=allreduce,
+        fault=cfg.fault_schedule is not None and not allreduce,
         flush_every=cfg.flush_every,
         flush_interval=cfg.flush_interval,
     )
@@ -342,6 +350,8 @@ def _run_train(
     if start == 0:
         trainer.broadcast_parameters()
     attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": start, "params": trainer.numel}
+    attrs |= _schedule_attrs(cfg.fault_schedule)
+    switch = _open_switch(cfg, rv)
     writer, previous = _open_writer(cfg, rv, attrs, fresh=start == 0 and rv.restart_count == 0)
     steps_lost = _record_resume(writer, start, load_time, previous, rv)
     _numa_event(writer, host, gpu)
@@ -355,7 +365,7 @@ def _run_train(
     heartbeat = Heartbeat(None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode)
     numa = bool(attrs.get("numa_mismatch", False))
     with _closing_on_failure(writer, sampler, rv, host), contextlib.closing(heartbeat):
-        times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start, heartbeat, numa)
+        times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start, heartbeat, numa, switch)
         failures = _finish_checkpoints(checkpointer, writer, cfg)
         total_failures = _sum_over_ranks(failures)
     _close(
@@ -376,6 +386,22 @@ def _run_train(
         steps_lost,
         total_failures,
         str(cfg.out),
+    )
+
+
+def _schedule_attrs(schedule: SwitchbackSchedule | None) -> dict[str, Any]:
+    """The schedule as the analysis reads it back: its JSON (the recorded assignment is what the
+    analysis trusts, not a regeneration from the seed) and the first step after the warm-up."""
+    if schedule is None:
+        return {}
+    return {"fault_schedule": schedule.dumps(), "fault_first_step": schedule.warmup_steps}
+
+
+def _open_switch(cfg: ProbeConfig, rv: Rendezvous) -> FaultSwitch | None:
+    if cfg.fault_schedule is None:
+        return None
+    return open_switch(
+        cfg.fault_schedule, cfg.fault_control, this_node(), rv.job_id, rv.local_rank, cfg.fault_ack_timeout
     )
 
 
@@ -434,12 +460,15 @@ def train_loop(
     start: int,
     heartbeat: Heartbeat | None = None,
     numa_mismatch: bool = False,
+    switch: FaultSwitch | None = None,
 ) -> list[float]:
     times: list[float] = []
     t_run = time.perf_counter()
 
     def one_step(step: int, last: bool) -> None:
         stop_requested()
+        # Before the step's clock starts: the step is timed in the state it was asked for.
+        fault = _switch_fault(switch, writer, step)
         t_start = time.time()
         t0 = time.perf_counter()
         st = trainer.step(step)
@@ -449,8 +478,11 @@ def train_loop(
             checkpointer.start(step + 1, lambda: ckpt.cpu_copy(trainer.state()))
             ckpt_time = time.perf_counter() - t1
         step_time = time.perf_counter() - t0
+        columns = {"fault_state": fault.state, "fault_epoch": fault.epoch} if fault is not None else {}
         writer.append_step(
-            StepRecord(step, t_start, step_time, st.compute, st.comm, st.optimizer, st.data, ckpt_time)
+            StepRecord(
+                step, t_start, step_time, st.compute, st.comm, st.optimizer, st.data, ckpt_time, **columns
+            )
         )
         times.append(step_time)
         if checkpointer is not None:
@@ -471,6 +503,16 @@ def train_loop(
     return times
 
 
+def _switch_fault(switch: FaultSwitch | None, writer: RankWriter, step: int) -> StepFault | None:
+    """The fault's state for `step` (toggled first where this rank toggles), its events recorded."""
+    if switch is None:
+        return None
+    fault = switch.before_step(step)
+    for kind, detail in fault.events:
+        writer.event(kind, detail)
+    return fault
+
+
 def hold(
     cfg: ProbeConfig, rv: Rendezvous, writer: RankWriter, first: int, one_step: Callable[[int, bool], None]
 ) -> int:
@@ -480,7 +522,9 @@ def hold(
     drain and requeue), whatever the machine's speed: a job that simply ends after its steps is
     judged by how fast the machine happened to be. The ranks agree each step (a one-integer
     all-reduce, MAX: the first rank to see the release, or to reach the limit, ends the hold for
-    all), so they stop at the same step. Returns the first step not run.
+    all), so they stop at the same step. Returns the first step not run. With a fault schedule the
+    fault stays on through the hold (the schedule's held-on phase, :mod:`.switch`), except in a
+    placebo schedule.
     """
     assert cfg.hold_file is not None
     begin = time.monotonic()

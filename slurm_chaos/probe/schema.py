@@ -1,6 +1,7 @@
 """HDF5 layout of the probe's per-rank files (one file `rank-<R>.h5` per rank).
 
-Schema version 2 (version 1 plus the ``meta`` attribute; readers take both):
+Schema version 3 (version 2 plus a switchback run's fault columns; readers take 1, 2 and 3;
+version 2 added the ``meta`` attribute):
 
 File attributes: ``schema_version`` (int), ``rank``, ``world_size``, ``local_rank`` (int),
 ``host``, ``job_id`` (str), ``start_time`` (float, Unix seconds), ``mode`` ("train" or
@@ -21,6 +22,10 @@ unknown), ``gpu_name``. Written when the rank closes the file (absent if it was 
 ``steps_lost`` (-1 if unknown) and ``recovery_time`` (s from the previous attempt's last step to
 this attempt's start).
 
+A run with a fault schedule (``--fault-schedule``, version 3) also has ``fault_schedule`` (str, the
+schedule's JSON as :meth:`SwitchbackSchedule.dumps` writes it: the recorded assignment is what the
+analysis trusts) and ``fault_first_step`` (int, the first step after the warm-up).
+
 ``meta`` (version 2): every attribute above, as one JSON object (str), rewritten with the closing
 attributes. A reader reads one attribute instead of some thirty (per-attribute reads were most of
 the cost of reading 1,000s of files) and takes it only when it holds exactly the file's other
@@ -34,12 +39,26 @@ Group ``steps`` (resizable, one entry per step, appended and flushed as the run 
 state to host memory; the write itself runs in the background). In mode allreduce each step is one
 timed all_reduce (``step_time`` = ``comm_time``).
 
+With a fault schedule (version 3), two more, present only then: ``fault_state`` (int8, the step's
+scheduled state, 0 off, 1 on, 2 not measured (warm-up, transition, after the last block), but 2
+as well where this rank's node was unsure of the fault's state: its acknowledgement was late,
+carried an error, or the node's control channel vanished) and ``fault_epoch`` (int64, the epoch of
+the last acknowledgement the rank's node gave, 0 before any request; -1 on a node without a
+channel, where the fault does not act). Physically the fault is off in the warm-up, as assigned in
+each block, and on after the last block and through the hold (the held-on phase), except in a
+placebo schedule, where nothing is ever requested (see :mod:`slurm_chaos.probe.switch`).
+
 Requeued jobs: the earlier attempt's file is kept as ``rank-<R>.attempt-<A>.h5`` and its steps and
 events are copied ahead of the new attempt's in ``rank-<R>.h5``, so steps re-run after a resume
-appear twice (tell them apart by ``steps/attempt``).
+appear twice (tell them apart by ``steps/attempt``). An earlier attempt without fault columns
+(version 2, or no schedule) has them filled with 2 and -1 in the new file.
 
 Group ``events``: ``time`` (float64), ``kind`` (fixed-length bytes, 32), ``detail`` (bytes, 512);
-kinds listed in :data:`EVENT_KINDS`.
+kinds listed in :data:`EVENT_KINDS`. A switchback run's ``fault_on``/``fault_off`` say its node's
+fault was confirmed in that state, detail ``epoch=E ack_ms=MS step=S requested`` (the toggling
+rank) or ``... observed`` (the node's other ranks), or ``epoch=E step=S late ack, found at this
+step``; ``fault_error`` says a toggle failed (no ack in time, an error from the agent, the channel
+gone), detail ``[epoch=E ]step=S want=on|off: why``.
 
 Group ``telemetry`` (filled on GPU ranks with NVML): ``time`` plus one float64 dataset per NVML
 sample field (:data:`TELEMETRY_FIELDS`; NaN where the GPU does not support a field).
@@ -67,8 +86,8 @@ class ProbeMode(StrEnum):
     ALLREDUCE = "allreduce"
 
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 META_ATTR = "meta"
 
 STEP_FIELDS = (
@@ -80,6 +99,10 @@ STEP_FIELDS = (
     "checkpoint_time",
 )
 STEP_INDEX_FIELDS = ("step", "t_start")
+#: A switchback run's per-step fault columns (version 3) and their HDF5 types.
+FAULT_FIELDS = {"fault_state": "i1", "fault_epoch": "i8"}
+#: Their values where nothing was recorded: not measured, no channel.
+FAULT_FILL = {"fault_state": 2, "fault_epoch": -1}
 
 EVENT_KINDS = (
     "checkpoint_saved",
@@ -94,6 +117,9 @@ EVENT_KINDS = (
     "telemetry_unavailable",
     "hold_started",
     "hold_ended",
+    "fault_on",
+    "fault_off",
+    "fault_error",
 )
 
 TELEMETRY_FIELDS = (

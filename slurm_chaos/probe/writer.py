@@ -28,6 +28,8 @@ import numpy as np
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.schema import (
     ALLREDUCE_FIELDS,
+    FAULT_FIELDS,
+    FAULT_FILL,
     META_ATTR,
     SCHEMA_VERSION,
     STEP_FIELDS,
@@ -51,6 +53,9 @@ class StepRecord:
     optimizer_time: float = 0.0
     data_time: float = 0.0
     checkpoint_time: float = 0.0
+    # Written only by a writer opened with ``fault=True`` (a run with a fault schedule).
+    fault_state: int = FAULT_FILL["fault_state"]
+    fault_epoch: int = FAULT_FILL["fault_epoch"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class RankWriter:
         *,
         attempt: int = 0,
         allreduce: bool = False,
+        fault: bool = False,
         flush_every: int = 50,
         flush_interval: float = 1.0,
     ) -> None:
@@ -93,6 +99,7 @@ class RankWriter:
         # SWMR forbids new attributes while the file is open: these are written at close.
         self.pending_attrs: dict[str, Any] = {}
         self._file = h5py.File(path, "w", libver="latest", locking=False)
+        self.fault = fault
         self._create_layout(attrs, allreduce)
         self._file.swmr_mode = True
         self.closed = False
@@ -105,6 +112,9 @@ class RankWriter:
             steps.create_dataset(name, (0,), maxshape=(None,), dtype="i8", chunks=(1024,))
         for name in ("t_start", *STEP_FIELDS):
             steps.create_dataset(name, (0,), maxshape=(None,), dtype="f8", chunks=(1024,))
+        if self.fault:
+            for name, dtype in FAULT_FIELDS.items():
+                steps.create_dataset(name, (0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
         events = f.create_group("events")
         events.create_dataset("time", (0,), maxshape=(None,), dtype="f8", chunks=(64,))
         events.create_dataset("kind", (0,), maxshape=(None,), dtype=f"S{KIND_BYTES}", chunks=(64,))
@@ -147,14 +157,16 @@ class RankWriter:
     def copy_previous(
         self, steps: Mapping[str, np.ndarray], events: Sequence[tuple[float, str, str]]
     ) -> None:
-        """Write an earlier attempt's steps (arrays keyed by dataset name) and events ahead of ours."""
+        """Write an earlier attempt's steps (arrays keyed by dataset name) and events ahead of ours.
+
+        Fault columns an earlier attempt lacks (schema 2, or a run without a schedule) are filled
+        with "not measured" (2) and "no channel" (-1): nothing says what the fault did then."""
         n = len(steps.get("step_time", ()))
-        for name in (*_INT_STEP_FIELDS, "t_start", *STEP_FIELDS):
+        names = (*_INT_STEP_FIELDS, "t_start", *STEP_FIELDS, *(FAULT_FIELDS if self.fault else ()))
+        for name in names:
             data = steps.get(name)
             if data is None or len(data) < n:  # a field the earlier file lacks: as the reader fills it
-                data = {"step": np.arange(n), "attempt": np.zeros(n, dtype=np.int64)}.get(
-                    name, np.full(n, np.nan)
-                )
+                data = _fill(name, n)
             self._cols[f"steps/{name}"].append(data[:n])
         self._events[:0] = list(events)
         self.flush()
@@ -170,6 +182,9 @@ class RankWriter:
             col["steps/t_start"].append([r.t_start for r in self._steps])
             for name in STEP_FIELDS:
                 col[f"steps/{name}"].append([getattr(r, name) for r in self._steps])
+            if self.fault:
+                for name in FAULT_FIELDS:
+                    col[f"steps/{name}"].append([getattr(r, name) for r in self._steps])
             self._steps.clear()
         if self._events:
             col["events/time"].append([e[0] for e in self._events])
@@ -196,6 +211,17 @@ class RankWriter:
         with h5py.File(self.path, "r+", locking=False) as f:
             closing = {"end_time": time.time(), "complete": True}
             write_attrs(f, closing | self.pending_attrs | dict(final_attrs or {}))
+
+
+def _fill(name: str, n: int) -> np.ndarray:
+    """What the reader (and a new attempt) takes for step field `name` where a file lacks it."""
+    if name == "step":
+        return np.arange(n)
+    if name == "attempt":
+        return np.zeros(n, dtype=np.int64)
+    if name in FAULT_FILL:
+        return np.full(n, FAULT_FILL[name], dtype=np.int64)
+    return np.full(n, np.nan)
 
 
 def write_attrs(f: Any, attrs: Mapping[str, Any]) -> None:

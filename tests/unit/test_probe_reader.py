@@ -150,7 +150,7 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
         read_rank(path)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_reading_only_the_analysis_datasets_gives_the_same_analysis(tmp_path: Path, version: int) -> None:
     run = simulate(replace(MODEL, slow_rank=4, slow_rank_factor=0.3))
     directory = write_run(tmp_path / "run", run, schema_version=version)
