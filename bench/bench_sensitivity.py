@@ -40,9 +40,9 @@ import numpy as np
 
 from slurm_chaos.analysis.calibrate import between_run_threshold, run_median
 from slurm_chaos.analysis.regression import JobSeries, aa_false_positive_rate, compare_series
-from slurm_chaos.analysis.schedule import placebo_of, switchback_schedule
 from slurm_chaos.analysis.switchback import judge_switchback
 from slurm_chaos.analysis.synthetic import JobModel, simulate, simulate_job_time
+from slurm_chaos.schedule import placebo_of, switchback_schedule
 
 STEPS = (100, 250, 500, 1000, 2000)
 NOISE = (0.02, 0.05, 0.10)

@@ -1,6 +1,6 @@
 """A job judged on its own switchback schedule: one statistic, one test, one coherent CI.
 
-The run's fault schedule (:mod:`.schedule`) toggled the fault in on/off blocks that come in pairs,
+The run's fault schedule (:mod:`slurm_chaos.schedule`) toggled the fault in on/off blocks that come in pairs,
 the order within each pair decided by a coin. Everything here follows from that design:
 
 - statistic: per block, the mean of the job's measured step times (the per-step maximum over
@@ -52,7 +52,9 @@ from scipy import stats as sps
 from slurm_chaos.analysis.model import Comparison, Stats
 from slurm_chaos.analysis.multiplicity import holm
 from slurm_chaos.analysis.regression import robust_stats
-from slurm_chaos.analysis.schedule import (
+from slurm_chaos.analysis.straggler import compute_matrix
+from slurm_chaos.probe.reader import RunData
+from slurm_chaos.schedule import (
     DESIGN,
     DROPPED,
     OFF,
@@ -64,8 +66,6 @@ from slurm_chaos.analysis.schedule import (
     random_pair_assignments,
     switchback_schedule,
 )
-from slurm_chaos.analysis.straggler import compute_matrix
-from slurm_chaos.probe.reader import RunData
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

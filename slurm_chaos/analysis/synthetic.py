@@ -15,7 +15,7 @@ tell from a fault, is modelled too (all off by default):
 - slow wander within the run, shared by all ranks: an AR(1) with ``wander_phi`` close to 1
   (``wander``: its standard deviation), a random walk (``walk``: per-step standard deviation) and
   a sinusoid (``sine``: amplitude, ``sine_period`` steps, random phase);
-- ``schedule``: a switchback schedule (:mod:`.schedule`) decides the steps under fault instead
+- ``schedule``: a switchback schedule (:mod:`slurm_chaos.schedule`) decides the steps under fault instead
   of ``fault_start_step``/``fault_end_step``; ``step_slowdown`` slows every part of the step, so
   the job's step time rises by exactly that fraction (a known truth for the benchmarks).
 
@@ -35,10 +35,10 @@ import numpy as np
 import numpy.typing as npt
 from scipy import signal as sps
 
-from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
 from slurm_chaos.probe.writer import write_attrs
 from slurm_chaos.rundir import Expectation, FaultWindow, Observation, ObservationLog, write_observations
+from slurm_chaos.schedule import SwitchbackSchedule
 
 FloatArray = npt.NDArray[np.float64]
 

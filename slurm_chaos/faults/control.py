@@ -1,6 +1,6 @@
 """The node-local control channel of a switchback job: the ranks ask for the fault on or off.
 
-A switchback schedule (:mod:`slurm_chaos.analysis.schedule`) toggles a reversible fault inside one
+A switchback schedule (:mod:`slurm_chaos.schedule`) toggles a reversible fault inside one
 job at step boundaries. The fault itself was authorised and applied as usual (SPANK plugin ->
 prolog -> agent, journalled, ``control=switchback`` in its SPEC); the channel only says whether it
 acts now. It can say nothing else: the root agent never takes a SPEC, a path or a rank from it.
@@ -135,7 +135,8 @@ class ChannelOwner:
 
     @classmethod
     def create(cls, root: Path, node: str, job_id: str, uid: int, gid: int) -> ChannelOwner:
-        """Make (or take over, after an agent restart) the channel of a job; the fault starts off."""
+        """Make the channel of a job afresh (an earlier one of the same job is removed first); the
+        fault starts off."""
         path = channel_dir(root, node, job_id)
         _check_root_dir(path.parent)
         for d in (root, path.parent):
@@ -144,18 +145,18 @@ class ChannelOwner:
         try:
             os.mkdir(path, 0o755)
         except FileExistsError:
-            pass
+            # An earlier agent's (a requeued job's prolog, or one that died): started afresh, so
+            # no request or acknowledgement of the earlier run is taken for this one's.
+            remove_channel(root, node, job_id)
+            os.mkdir(path, 0o755)
         _check_root_dir(path)
         req = path / REQUEST
+        fd = os.open(req, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fd = os.open(req, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             os.fchown(fd, uid, gid)
-        except FileExistsError:
-            fd = os.open(req, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_nlink != 1:
-                os.close(fd)
-                raise ChannelError(f"{req}: not the regular file the agent made for uid {uid}") from None
+        except OSError:
+            os.close(fd)
+            raise
         owner = cls(path, fd)
         owner.acknowledge(Ack(0, State.OFF, time.time()))
         return owner

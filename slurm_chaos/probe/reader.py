@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.schedule import SwitchbackSchedule, schedule_from_json
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.schema import (
     FAULT_FIELDS,
@@ -20,6 +19,7 @@ from slurm_chaos.probe.schema import (
     STEP_FIELDS,
     rank_file_name,
 )
+from slurm_chaos.schedule import SwitchbackSchedule, schedule_from_json
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -15,7 +15,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from slurm_chaos.analysis.schedule import SwitchbackSchedule
 from slurm_chaos.errors import ChaosError, DataError, UsageError
 from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
@@ -25,6 +24,7 @@ from slurm_chaos.probe.schema import ProbeMode, rank_file_name
 from slurm_chaos.probe.switch import ACK_TIMEOUT_S, FaultSwitch, StepFault, open_switch
 from slurm_chaos.probe.workload import CollectiveFailed, collective
 from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
+from slurm_chaos.schedule import SwitchbackSchedule
 
 
 class PeerLost(ChaosError):

@@ -3,7 +3,7 @@ per node that asks the agent for it, and what every rank records of it.
 
 A reversible fault (slow-rank, slow-node, ...) applied with ``control=switchback`` acts only while
 the job asks for it, through the node's control channel (:mod:`slurm_chaos.faults.control`). The
-schedule (:mod:`slurm_chaos.analysis.schedule`) says when; this module turns it into requests.
+schedule (:mod:`slurm_chaos.schedule`) says when; this module turns it into requests.
 
 Physical state, what the agent is asked for before step ``s``:
 
@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.schedule import DROPPED, SwitchbackSchedule, schedule_from_json
 from slurm_chaos.errors import DataError, UsageError
 from slurm_chaos.faults.control import REQUEST, Ack, ChannelClient, State
+from slurm_chaos.schedule import DROPPED, SwitchbackSchedule, schedule_from_json
 
 #: How long a toggle waits for the agent's acknowledgement (the agent polls every 5 ms).
 ACK_TIMEOUT_S = 1.0

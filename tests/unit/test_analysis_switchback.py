@@ -15,7 +15,6 @@ from scipy import stats as sps
 
 from slurm_chaos.analysis.model import Verdict
 from slurm_chaos.analysis.multiplicity import holm
-from slurm_chaos.analysis.schedule import DROPPED, SwitchbackSchedule, placebo_of, switchback_schedule
 from slurm_chaos.analysis.switchback import (
     ALPHA,
     Effect,
@@ -29,6 +28,7 @@ from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.rundir import Expectation, FaultWindow, ObservationLog
+from slurm_chaos.schedule import DROPPED, SwitchbackSchedule, placebo_of, switchback_schedule
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from slurm_chaos.analysis.schedule import placebo_of, switchback_schedule
 from slurm_chaos.analysis.synthetic import JobModel, simulate
+from slurm_chaos.schedule import placebo_of, switchback_schedule
 
 QUIET = JobModel(ranks=4, steps=400, noise=0.0, rank_jitter=0.0)
 

@@ -131,21 +131,25 @@ def test_the_agent_makes_the_channel_the_user_writes_only_the_request(journal_ro
 
 
 @needs_root
-def test_a_link_or_a_foreign_file_in_place_of_the_request_shuts_the_channel(journal_root: Path) -> None:
+def test_a_leftover_channel_is_made_afresh_and_a_foreign_directory_refused(journal_root: Path) -> None:
     d = control.channel_dir(journal_root, "node1", "77")
     d.mkdir(mode=0o755)
+    passwd = Path("/etc/passwd").stat()
     (d / control.REQUEST).symlink_to("/etc/passwd")
-    with pytest.raises(OSError):
-        ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
-    (d / control.REQUEST).unlink()
-    (d / control.REQUEST).write_text("x")  # root's, not the job's
+    (d / control.ACK).write_text('{"epoch": 9, "state": "on", "time": 1}')
+    ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY).close()
+    req = (d / control.REQUEST).lstat()
+    assert stat.S_ISREG(req.st_mode) and req.st_uid == NOBODY  # the link is gone, not followed
+    assert Path("/etc/passwd").stat() == passwd
+    assert control.parse_ack((d / control.ACK).read_text()) == Ack(
+        0, State.OFF, control.parse_ack((d / control.ACK).read_text()).time
+    )  # type: ignore[union-attr]
+    d.chmod(0o777)  # a directory others may write to is not ours any more: nothing in it is touched
     with pytest.raises(ChannelError):
         ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
-    (d / control.REQUEST).unlink()
-    d.chmod(0o777)  # a directory others may write to is not ours any more
-    with pytest.raises(ChannelError):
-        ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
-    d.rmdir()
+    assert (d / control.REQUEST).exists()
+    d.chmod(0o755)
+    control.remove_channel(journal_root, "node1", "77")
     d.symlink_to(journal_root)
     with pytest.raises(ChannelError):
         ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)

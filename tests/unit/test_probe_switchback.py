@@ -16,7 +16,6 @@ import h5py
 import numpy as np
 import pytest
 
-from slurm_chaos.analysis.schedule import DROPPED, SwitchbackSchedule, placebo_of
 from slurm_chaos.analysis.switchback import judge_switchback_run
 from slurm_chaos.errors import UsageError
 from slurm_chaos.faults.control import REQUEST, Ack, ChannelOwner, Request, State, remove_channel
@@ -25,6 +24,7 @@ from slurm_chaos.probe.local import run_local
 from slurm_chaos.probe.reader import Selection, read_rank, read_run
 from slurm_chaos.probe.switch import FaultSwitch, Plan, StepFault, open_switch, physical_states
 from slurm_chaos.probe.writer import RankWriter, StepRecord, carry_over
+from slurm_chaos.schedule import DROPPED, SwitchbackSchedule, placebo_of
 
 JOB = "4242"
 ON, OFF = State.ON, State.OFF

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_chaos.analysis.schedule import (
+from slurm_chaos.errors import DataError
+from slurm_chaos.schedule import (
     DROPPED,
     OFF,
     ON,
@@ -19,7 +20,6 @@ from slurm_chaos.analysis.schedule import (
     schedule_from_json,
     switchback_schedule,
 )
-from slurm_chaos.errors import DataError
 
 
 @st.composite
