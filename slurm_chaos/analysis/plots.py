@@ -150,6 +150,89 @@ def _draw_markers(ax: Any, found: Sequence[Marker], prefix: str, span: float) ->
         )
 
 
+@dataclass(frozen=True)
+class SwitchbackLayout:
+    """What the timeline of a switchback run shows: where the fault was on, which steps were not
+    measured, and how fast the nodes' agents acknowledged each change (x in the timeline's units)."""
+
+    on_spans: tuple[tuple[float, float], ...]  # blocks with the fault on (placebo: would have been)
+    held_from: float | None  # after the last block the fault stays on (detection phase)
+    dropped: FloatArray  # steps not measured: transitions, late or failed acknowledgements
+    placebo: bool
+    pairs: int
+    ack_ms: tuple[float, ...]
+
+    @property
+    def ack_text(self) -> str:
+        if not self.ack_ms:
+            return "no acknowledgement recorded" if not self.placebo else "placebo: nothing toggled"
+        ms = sorted(self.ack_ms)
+        return f"ack median {ms[len(ms) // 2]:.1f} ms, max {ms[-1]:.1f} ms ({len(ms)} changes)"
+
+
+_ACK_MS = re.compile(r"\back_ms=([0-9.]+)")
+
+
+def switchback_layout(run: RunData, x: FloatArray) -> SwitchbackLayout | None:
+    """The layout of a run that followed a fault schedule; None for a run without one."""
+    schedule = run.fault_schedule()
+    if schedule is None:
+        return None
+    n = len(x)
+    steps = np.asarray(run.ranks[0].step[:n], dtype=np.int64)
+    block = schedule.block_of(steps)
+    on = np.zeros(n, dtype=np.bool_)
+    inside = block >= 0
+    on[inside] = np.asarray(schedule.assignment, dtype=np.int64)[block[inside]] == 1
+    spans = []
+    for value, group in itertools.groupby(range(n), key=lambda i: bool(on[i])):
+        idx = list(group)
+        if value:
+            spans.append((float(x[idx[0]]), float(x[min(idx[-1] + 1, n - 1)])))
+    after = np.flatnonzero(steps >= schedule.end_step)
+    observed = run.observed_state()
+    states = schedule.step_states(steps) if observed is None else np.maximum(schedule.step_states(steps), 0)
+    if observed is not None:
+        states = np.where(observed[:n] == 2, 2, states)
+    dropped = x[(states == 2) & inside]
+    acks = tuple(
+        float(m.group(1))
+        for r in run.ranks
+        for e in r.events
+        if e.kind in ("fault_on", "fault_off") and (m := _ACK_MS.search(e.detail))
+    )
+    held = float(x[after[0]]) if len(after) and not schedule.placebo else None
+    return SwitchbackLayout(tuple(spans), held, dropped, schedule.placebo, schedule.pairs, acks)
+
+
+def _draw_switchback(ax: Any, layout: SwitchbackLayout, prefix: str) -> None:
+    label = "fault on" if not layout.placebo else "placebo block (nothing toggled)"
+    for i, (start, end) in enumerate(layout.on_spans):
+        ax.axvspan(
+            start,
+            end,
+            color="tab:red",
+            alpha=0.12 if not layout.placebo else 0.05,
+            label=label if i == 0 else "_nolegend_",
+            gid=f"{prefix}-on-block-{i}",
+        )
+    if layout.held_from is not None:
+        ax.axvspan(
+            layout.held_from, ax.get_xlim()[1], color="tab:red", alpha=0.06, label="held on (detection)"
+        )
+    if len(layout.dropped):
+        bottom = ax.get_ylim()[0]
+        ax.plot(
+            layout.dropped,
+            np.full(len(layout.dropped), bottom),
+            "|",
+            color="grey",
+            ms=6,
+            label="step not measured",
+            gid=f"{prefix}-dropped",
+        )
+
+
 def timeline_svg(a: ExperimentAnalysis) -> str:
     """Per-rank step time of the fault run over time, fault window shaded, baseline median dashed."""
     plt = _pyplot()
@@ -170,7 +253,11 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     c = a.result.comparison
     if c is not None and c.baseline.median == c.baseline.median:
         ax.axhline(1e3 * c.baseline.median, color="grey", ls="--", lw=0.8, label="baseline median step")
-    if t0:
+    layout = switchback_layout(fault, x)
+    if layout is not None:
+        ax.set_xlim(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0)
+        _draw_switchback(ax, layout, a.result.name)
+    elif t0:
         end = a.window.end if a.window.end is not None else t0 + float(x[-1])
         ax.axvspan(a.window.start - t0, end - t0, color="tab:red", alpha=0.12, label="fault window")
         if a.result.time_to_detect_s is not None:
@@ -180,7 +267,12 @@ def timeline_svg(a: ExperimentAnalysis) -> str:
     _draw_markers(ax, markers(a), a.result.name, float(x[-1] - x[0]) if len(x) > 1 else 1.0)
     ax.set_xlabel(label)
     ax.set_ylabel("ms")
-    ax.set_title("Step time per rank (fault run)")
+    if layout is None:
+        ax.set_title("Step time per rank (fault run)")
+    else:
+        ax.set_title(
+            f"Step time per rank (switchback: {layout.pairs} on/off pairs; {layout.ack_text})", fontsize=9
+        )
     # Below the axes, so it hides neither the steps nor the markers' labels.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncols=5, frameon=False)
     ax.set_xlim(float(x[0]), float(x[-1]) if len(x) > 1 else 1.0)
