@@ -353,9 +353,10 @@ def _plugin_check(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from slurm_chaos.analysis.commands import compare_dirs
+    from slurm_chaos.analysis.commands import compare
 
-    print(compare_dirs(Path(args.baseline), Path(args.fault), args.format), end="")
+    dirs = [Path(d) for d in (args.baseline, args.fault) if d is not None]
+    print(compare(dirs, args.format), end="")
     return 0
 
 
@@ -667,13 +668,16 @@ def _add_campaign(sub: Subparsers) -> None:
     p = _command(
         sub,
         "compare",
-        "compare a fault run's probe files with a baseline's",
+        "compare a fault run's probe files with a baseline's, or a switchback run with itself",
         "Compare the step times of a fault run's probe files with a baseline's: regression, its\n"
-        "confidence interval, p-value and stragglers.",
-        "0 compared, 2 bad input (missing or inconsistent probe files)",
-        "slurm-chaos compare runs/r1/experiments/slow-rank/baseline runs/r1/experiments/slow-rank/fault",
+        "confidence interval, p-value and stragglers. Given only FAULT_DIR, a switchback run (one\n"
+        "with a fault schedule) is judged on its own on against its off blocks: regression, CI,\n"
+        "p-value, minimum detectable effect and the ranks that slow down when the fault is on.",
+        "0 compared, 2 bad input (missing or inconsistent probe files, no fault schedule)",
+        "slurm-chaos compare runs/r1/experiments/slow-rank/baseline runs/r1/experiments/slow-rank/fault\n"
+        "  slurm-chaos compare runs/r1/experiments/slow-rank-switchback/fault --format json",
     )
-    p.add_argument("baseline", metavar="BASELINE_DIR")
+    p.add_argument("baseline", metavar="BASELINE_DIR", nargs="?", help="omit for a switchback run")
     p.add_argument("fault", metavar="FAULT_DIR")
     p.add_argument("--format", default="text", choices=["text", "json"])
     p.set_defaults(handler=_compare)

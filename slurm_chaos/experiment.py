@@ -48,6 +48,25 @@ class Mode(StrEnum):
     ALLREDUCE = "allreduce"
 
 
+class Design(StrEnum):
+    """How the fault's effect on step time is measured (``design``).
+
+    - ``between-runs``: a fault job against an unfaulted baseline job of the same shape;
+    - ``switchback``: one job that turns its reversible fault on and off in seeded random blocks of
+      steps and is judged on its own on against its off steps (no baseline job). With ``spec: null``
+      it is a placebo: the same schedule, nothing toggled.
+    """
+
+    SWITCHBACK = "switchback"
+    BETWEEN_RUNS = "between-runs"
+
+
+#: Designs the schema names but that cannot run yet (the loader refuses them with a clear error).
+NOT_YET_AVAILABLE = ("window",)
+#: The catalogue key a fault has exactly when it can be turned on and off inside a job.
+CONTROL_KEY = "control"
+
+
 class Remediation(StrEnum):
     """A step the cluster must take after the fault (``expect.remediation``)."""
 
@@ -113,10 +132,15 @@ class Experiment:
     switches: int | None = None
     constraint: str | None = None
     hypothesis: Hypothesis = field(default_factory=Hypothesis)
+    design: Design = Design.BETWEEN_RUNS
 
     @property
     def is_control(self) -> bool:
         return self.fault.spec is None
+
+    @property
+    def is_switchback(self) -> bool:
+        return self.design is Design.SWITCHBACK
 
     @property
     def hold_limit_s(self) -> float | None:
@@ -171,13 +195,85 @@ def load_experiment_file(path: Path) -> Experiment:
         remediate_within_s=e.get("remediate_within_s"),
         max_lost_steps=e.get("max_lost_steps"),
     )
-    rest = {k: v for k, v in data.items() if k not in ("fault", "expect", "hypothesis", "strategy", "mode")}
+    design = _design(path, data.get("design"), fault)
+    own = ("fault", "expect", "hypothesis", "strategy", "mode", "design")
+    rest = {k: v for k, v in data.items() if k not in own}
     return Experiment(
         **rest,
         strategy=Strategy(data["strategy"]),
         mode=Mode(data.get("mode", Mode.TRAIN)),
-        fault=fault, expect=expect, path=path, hypothesis=Hypothesis(**data.get("hypothesis", {}))
+        fault=fault,
+        expect=expect,
+        path=path,
+        hypothesis=Hypothesis(**data.get("hypothesis", {})),
+        design=design,
     )
+
+
+def spec_fault_names(spec: str) -> tuple[str, ...]:
+    """The fault names of a SPEC (``NAME[:KEY=VALUE,...]`` joined by ``+``), in order, unchecked."""
+    return tuple(piece.partition(":")[0] for piece in spec.split("+"))
+
+
+def reversible_faults() -> tuple[str, ...]:
+    """The faults that can be turned on and off inside a job: those with a ``control`` key."""
+    from slurm_chaos.faults.catalogue import load_catalogue
+
+    return tuple(f.name for f in load_catalogue().faults if f.key(CONTROL_KEY) is not None)
+
+
+def _is_controller_fault(name: str) -> bool:
+    from slurm_chaos.faults.catalogue import Where, load_catalogue
+
+    fault = load_catalogue().get(name)
+    return fault is not None and fault.where is Where.CONTROLLER
+
+
+def default_design(spec: str | None) -> Design:
+    """``switchback`` when the SPEC has faults and every one is reversible (none is a controller
+    fault); ``between-runs`` otherwise, an A/A control (no SPEC) included."""
+    if spec is None:
+        return Design.BETWEEN_RUNS
+    names = spec_fault_names(spec)
+    reversible = set(reversible_faults())
+    if all(n in reversible and not _is_controller_fault(n) for n in names):
+        return Design.SWITCHBACK
+    return Design.BETWEEN_RUNS
+
+
+def _design(path: Path, given: str | None, fault: Fault) -> Design:
+    """The experiment's design: the one it names, checked against its fault, else the default."""
+    if given in NOT_YET_AVAILABLE:
+        raise ConfigError(
+            str(path),
+            "design",
+            f"design {given!r} is not available yet (available: {', '.join(d.value for d in Design)})",
+        )
+    if given is None:
+        design = default_design(fault.spec)
+    else:
+        design = Design(given)
+    if design is not Design.SWITCHBACK:
+        return design
+    if fault.spec is not None:
+        reversible = reversible_faults()
+        for name in spec_fault_names(fault.spec):
+            if name not in reversible or _is_controller_fault(name):
+                raise ConfigError(
+                    str(path),
+                    "design",
+                    f"switchback needs a reversible fault; {name!r} cannot be turned on and off "
+                    f"inside a job (reversible: {', '.join(reversible)}); use design: between-runs",
+                )
+    for key, value in (("start_after_s", fault.start_after_s), ("duration_s", fault.duration_s)):
+        if value:
+            raise ConfigError(
+                str(path),
+                f"fault.{key}",
+                "a switchback schedule decides when the fault is on; "
+                "drop the key or use design: between-runs",
+            )
+    return design
 
 
 def _check_signal_kinds(path: Path, detect: list[str]) -> None:
@@ -283,6 +379,7 @@ def experiment_json(exp: Experiment) -> dict[str, Any]:
         "requeue": exp.requeue,
         "switches": exp.switches,
         "constraint": exp.constraint,
+        "design": str(exp.design),
         "spec": exp.fault.spec,
         "target": {"rank": t.rank, "node": t.node, "switch": t.switch},
         "start_after_s": exp.fault.start_after_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -14,9 +15,17 @@ import jinja2
 
 from slurm_chaos import __version__
 from slurm_chaos.errors import UsageError
-from slurm_chaos.experiment import Experiment, with_site_deadlines
+from slurm_chaos.experiment import CONTROL_KEY, Design, Experiment, with_site_deadlines
 from slurm_chaos.resources import shipped
-from slurm_chaos.rundir.layout import RELEASE, Role
+from slurm_chaos.rundir import write_schedule
+from slurm_chaos.rundir.layout import RELEASE, SCHEDULE, Role
+from slurm_chaos.schedule import (
+    MAX_BLOCK,
+    WARMUP_STEPS,
+    SwitchbackSchedule,
+    min_pairs,
+    switchback_schedule,
+)
 from slurm_chaos.site import Site
 
 ROLES = tuple(Role)
@@ -66,6 +75,13 @@ def check_limits(site: Site, experiment: Experiment) -> None:
             f"experiment {experiment.name} asks for {experiment.nodes} nodes; partition "
             f"{site.slurm.partition} has {len(site.partition_nodes)}"
         )
+    steps = experiment.steps or site.probe.steps
+    if experiment.is_switchback and steps < SWITCHBACK_MIN_STEPS:
+        raise UsageError(
+            f"experiment {experiment.name}: design switchback needs at least {SWITCHBACK_MIN_STEPS} "
+            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA)} on/off pairs of blocks of "
+            f"up to {MAX_BLOCK} steps), it has {steps}"
+        )
     unknown = unknown_features(experiment.constraint or "", site.features)
     if unknown:
         raise UsageError(
@@ -85,21 +101,66 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
     return sorted(set(names) - set(features))
 
 
+#: The level of the switchback test (slurm_chaos.analysis.switchback.ALPHA, not imported here: scipy).
+SWITCHBACK_ALPHA = 0.01
+#: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
+SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA)
+#: The ``control`` value that makes a reversible fault start off and follow the probe's schedule.
+SWITCHBACK_CONTROL = "switchback"
+
+
+def switchback_seed(run_id: str, name: str) -> int:
+    """The seed of an experiment's fault schedule in one run (32 bits): the same run id and
+    experiment name give the same schedule, so a resumed run resubmits the same job."""
+    digest = hashlib.sha256(f"{run_id}\0{name}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+def fault_schedule(site: Site, experiment: Experiment, run_id: str) -> SwitchbackSchedule | None:
+    """The switchback schedule of the experiment's fault job in run ``run_id`` (a placebo for an
+    experiment without a fault); None for a between-runs experiment."""
+    if experiment.design is not Design.SWITCHBACK:
+        return None
+    rank = experiment.fault.target.rank
+    return switchback_schedule(
+        experiment.steps or site.probe.steps,
+        switchback_seed(run_id, experiment.name),
+        placebo=experiment.is_control,
+        affected_ranks=() if rank is None else (rank,),
+    )
+
+
+def switchback_spec(spec: str) -> str:
+    """The SPEC with ``control=switchback`` on each reversible fault, in canonical form."""
+    from slurm_chaos.faults.spec import FaultRequest, format_spec, parse_spec
+
+    requests = []
+    for r in parse_spec(spec):
+        if r.fault.key(CONTROL_KEY) is not None:
+            order = [k.name for k in r.fault.keys]
+            given = {**dict(r.params), CONTROL_KEY: SWITCHBACK_CONTROL}
+            r = FaultRequest(r.fault, tuple(sorted(given.items(), key=lambda item: order.index(item[0]))))
+        requests.append(r)
+    return format_spec(requests)
+
+
 def checkpoint_dir(site: Site, experiment: Experiment, role: Role, run_id: str) -> Path:
     return Path(site.checkpoint.path) / run_id / experiment.name / role
 
 
 def fault_spec(site: Site, experiment: Experiment, role: Role, run_id: str) -> str | None:
-    """The job's --chaos SPEC, with ${checkpoint_dir} filled in (faults on the checkpoint path need it)."""
+    """The job's --chaos SPEC, with ${checkpoint_dir} filled in (faults on the checkpoint path need
+    it), and for a switchback experiment ``control=switchback`` on each of its faults."""
     if role != Role.FAULT or experiment.fault.spec is None:
         return None
     ckpt = checkpoint_dir(site, experiment, role, run_id)
     try:
-        return string.Template(experiment.fault.spec).substitute(checkpoint_dir=str(ckpt))
+        spec = string.Template(experiment.fault.spec).substitute(checkpoint_dir=str(ckpt))
     except (KeyError, ValueError) as exc:
         raise UsageError(
             f"{experiment.path}: fault.spec: unknown placeholder {exc} (known: checkpoint_dir)"
         ) from exc
+    return switchback_spec(spec) if experiment.is_switchback else spec
 
 
 def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str) -> str:
@@ -110,6 +171,8 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     hold = experiment.hold_limit_s if role is Role.FAULT else None
     spec = fault_spec(site, experiment, role, run_id)
+    schedule = fault_schedule(site, experiment, run_id) if role is Role.FAULT else None
+    steps = experiment.steps or site.probe.steps
     return template.render(
         site=site,
         experiment=experiment,
@@ -120,13 +183,23 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
         ckpt_dir=str(ckpt_dir),
         nodes=experiment.nodes,
         tasks_per_node=experiment.tasks_per_node or site.probe.tasks_per_node,
-        steps=experiment.steps or site.probe.steps,
+        steps=steps if schedule is None else max(steps, schedule.end_step),
         nccl_env=site.nccl_env,
         fault_spec=spec,
         hold_file=None if hold is None else str(job_dir / RELEASE),
         hold_max_s=None if hold is None else f"{hold:g}",
         injection_root=injection_root(site, spec),
+        fault_schedule=None if schedule is None else str(job_dir / SCHEDULE),
+        fault_control=control_root(site) if schedule is not None and spec else None,
     )
+
+
+def control_root(site: Site) -> str:
+    """Where a switchback job's ranks find their node's fault control channel: the journal root
+    (the same directory ``injection collect --journal-root`` reads)."""
+    from slurm_chaos.faults.install_hooks import site_journal_root
+
+    return str(site_journal_root(site))
 
 
 def injection_root(site: Site, spec: str | None) -> str | None:
@@ -142,12 +215,16 @@ def injection_root(site: Site, spec: str | None) -> str | None:
 
 
 def render_experiment(site: Site, experiment: Experiment, out: Path, run_id: str) -> list[RenderedJob]:
-    """Write baseline.sbatch and fault.sbatch under `out` (a dry run: nothing is submitted)."""
+    """Write baseline.sbatch and fault.sbatch under `out` (a dry run: nothing is submitted); a
+    switchback experiment has no baseline job, and its fault job's schedule.json is written too."""
     check_limits(site, experiment)
     jobs = []
-    for role in ROLES:
+    schedule = fault_schedule(site, experiment, run_id)
+    for role in (Role.FAULT,) if schedule is not None else ROLES:
         job_dir = out / role
         job_dir.mkdir(parents=True, exist_ok=True)
+        if schedule is not None:
+            write_schedule(job_dir, schedule.to_json())
         script = out / f"{role}.sbatch"
         script.write_text(render_job(site, experiment, role, job_dir.resolve(), run_id))
         script.chmod(0o755)

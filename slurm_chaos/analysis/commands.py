@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from slurm_chaos.analysis.experiment import judge_run_schedule, run_schedule
 from slurm_chaos.analysis.model import Comparison, StragglerKind, StragglerScore, comparison_json
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT, compare_runs
 from slurm_chaos.analysis.report import (
@@ -19,6 +20,7 @@ from slurm_chaos.analysis.report import (
     render_junit,
 )
 from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
+from slurm_chaos.analysis.switchback import SwitchbackResult
 from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.probe.reader import RunData, read_run
 
@@ -43,6 +45,59 @@ def compare_and_localise(
     c = compare_runs(baseline, fault, min_effect=min_effect)
     start = c.fault_warmup_steps if c.onset_step is None else c.onset_step
     return c, straggler_scores(fault, slice(start, None))
+
+
+def compare(dirs: list[Path], fmt: str, min_effect: float = MIN_EFFECT) -> str:
+    """``slurm-chaos compare``: one directory, a switchback run judged on its own on/off blocks
+    (:func:`compare_switchback`); two, a baseline and a fault run (:func:`compare_dirs`)."""
+    if len(dirs) == 1:
+        return compare_switchback(dirs[0], fmt)
+    if len(dirs) == 2:
+        return compare_dirs(dirs[0], dirs[1], fmt, min_effect)
+    raise UsageError(f"compare: expected FAULT_DIR or BASELINE_DIR FAULT_DIR, got {len(dirs)} directories")
+
+
+def compare_switchback(fault: Path, fmt: str) -> str:
+    """Judge one run on its own fault schedule (its ``schedule.json``, or the schedule its probe
+    files record); JSON or an aligned text summary. A run without a schedule is a usage error:
+    it needs a baseline to be compared with."""
+    if fmt not in COMPARE_FORMATS:
+        raise UsageError(f"--format {fmt!r}: expected one of {', '.join(COMPARE_FORMATS)}")
+    run = read_run(fault, STEPS_READ)
+    schedule = run_schedule(run, fault)
+    if schedule is None:
+        raise UsageError(
+            f"{fault}: no fault schedule (no schedule.json, none in its probe files): "
+            "compare it with a baseline: slurm-chaos compare BASELINE_DIR FAULT_DIR"
+        )
+    result = judge_run_schedule(run, schedule)
+    if fmt == "json":
+        return json.dumps(result.to_json(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return _switchback_text(result)
+
+
+def _switchback_text(r: SwitchbackResult) -> str:
+    def pct(x: float) -> str:
+        return "-" if not math.isfinite(x) else f"{100 * x:+.2f}%"
+
+    level = f"{100 * (1 - r.alpha):.0f}%"
+    rows = [
+        ("design", f"{r.design}{' (placebo)' if r.placebo else ''}: {r.pairs} on/off pairs"),
+        ("off median", f"{1e3 * r.off.median:.3f} ms  ({r.off.n} steps)"),
+        ("on median", f"{1e3 * r.on.median:.3f} ms  ({r.on.n} steps; {r.dropped_steps} steps not measured)"),
+        ("regression", f"{pct(r.regression)}  {level} CI [{pct(r.ci_low)}, {pct(r.ci_high)}]"),
+        ("p-value", f"{r.p_value:.3g}"),
+        ("significant", "yes" if r.significant else "no"),
+        ("mde", "-" if not math.isfinite(r.mde) else f"{100 * r.mde:.2f}% (80% power)"),
+        ("effect", r.effect.value + (f" ({r.reason})" if r.reason else "")),
+        (
+            "stragglers",
+            ", ".join(f"rank {s.rank} on {s.host} (+{100 * s.score:.1f}% when on)" for s in r.stragglers)
+            or "none",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
 
 def compare_dirs(baseline: Path, fault: Path, fmt: str, min_effect: float = MIN_EFFECT) -> str:

@@ -1,4 +1,9 @@
-"""Analyse one experiment directory of a campaign run: baseline/, fault/ and observations.json."""
+"""Analyse one experiment directory of a campaign run: baseline/, fault/ and observations.json.
+
+A switchback experiment has no baseline/: its fault job followed a schedule of on/off blocks
+(``fault/schedule.json``, or the probe's own record of it) and is judged on its own on against
+its off steps (:mod:`.switchback`); the verdict takes that result as its comparison.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.model import ExperimentResult, Verdict
+from slurm_chaos.analysis.model import BETWEEN_RUNS, ExperimentResult, StragglerKind, StragglerScore, Verdict
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
+from slurm_chaos.analysis.switchback import RankContrast, SwitchbackResult, judge_switchback_run
 from slurm_chaos.analysis.verdict import detections, judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
@@ -24,7 +30,11 @@ from slurm_chaos.rundir import (
     Signal,
     load_injections,
     load_observations,
+    read_schedule,
+    schedule_path,
 )
+from slurm_chaos.schedule import DESIGN as SWITCHBACK
+from slurm_chaos.schedule import OFF, ON, SwitchbackSchedule, schedule_from_json
 
 FloatArray = npt.NDArray[np.float64]
 # The comparison's and the plots' step fields, and the events the observations take.
@@ -44,10 +54,13 @@ PROBE_EVENT_SIGNALS = {
 
 @dataclass(frozen=True)
 class ExperimentAnalysis:
-    """An experiment's result plus what the plots need."""
+    """An experiment's result plus what the plots need.
+
+    For a switchback experiment ``baseline`` is None and ``baseline_series`` holds the fault job's
+    own measured off steps; ``fault_steps`` its measured on steps."""
 
     result: ExperimentResult
-    baseline: RunData
+    baseline: RunData | None  # None: a switchback experiment (no baseline job)
     fault: RunData | None  # None: the fault job left no probe files
     baseline_series: JobSeries
     fault_series: JobSeries | None
@@ -55,6 +68,8 @@ class ExperimentAnalysis:
     fault_steps: npt.NDArray[np.bool_]  # the fault run's steps that count as under fault
     # What the experiment expected detected (the report's overview names each expected signal).
     expectation: Expectation = field(default_factory=Expectation)
+    # The switchback result (None for a between-runs experiment).
+    switchback: SwitchbackResult | None = None
 
 
 # The line of the rendered fault script (sbatch_templates/fault.sbatch.j2) that gives Slurm the SPEC.
@@ -78,30 +93,35 @@ def rendered_spec(exp_dir: Path) -> str | None:
     return specs[0] if specs and specs[0] else None
 
 
+def _missing(exp_dir: Path, side: str) -> MissingProbeFiles:
+    return MissingProbeFiles(f"{exp_dir.name}: missing {side} run ({exp_dir / side} does not exist)")
+
+
 def _read_side(exp_dir: Path, side: str) -> RunData:
     directory = exp_dir / side
     if not directory.is_dir():
-        raise MissingProbeFiles(f"{exp_dir.name}: missing {side} run ({directory} does not exist)")
+        raise _missing(exp_dir, side)
     return read_run(directory, EXPERIMENT_READ)
 
 
 def _without_fault_run(
-    name: str, log: ObservationLog, baseline: RunData, missing: MissingProbeFiles
+    name: str, log: ObservationLog, baseline: RunData | None, missing: MissingProbeFiles, design: str
 ) -> ExperimentAnalysis:
     """A fault job that left no probe files (it never ran, or died before its first flush) did
     not finish its training: NOT RECOVERED, with what was observed, not a failed report."""
     result = ExperimentResult(
+        design=design,
         name=name,
         fault=log.fault,
         verdict=Verdict.NOT_RECOVERED,
         reason=f"the fault run left no probe data ({missing}): training never ran or died early",
         comparison=None,
         crashed=True,
-        world_size=baseline.world_size,
+        world_size=0 if baseline is None else baseline.world_size,
         observations=log.observations,
         detections=detections(log),
     )
-    b = job_series(baseline)
+    b = _empty_series() if baseline is None else job_series(baseline)
     return ExperimentAnalysis(
         result, baseline, None, b, None, log.fault_window, np.zeros(0, dtype=np.bool_), log.expectation
     )
@@ -159,11 +179,21 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
     log = load_observations(exp_dir / OBSERVATIONS)
     log = replace(log, fault=rendered_spec(exp_dir) or log.fault)
-    baseline = _read_side(exp_dir, "baseline")
+    # Switchback: the campaign recorded a schedule, or there is no baseline and the probe did.
+    switchback = read_schedule(exp_dir / Role.FAULT) is not None
+    has_baseline = (exp_dir / Role.BASELINE).exists()
+    baseline = None if switchback or not has_baseline else _read_side(exp_dir, "baseline")
     try:
         fault = _read_side(exp_dir, "fault")
     except MissingProbeFiles as missing:
-        return _without_fault_run(name, log, baseline, missing)
+        if baseline is None and not switchback:
+            raise _missing(exp_dir, "baseline") from missing
+        return _without_fault_run(name, log, baseline, missing, SWITCHBACK if switchback else BETWEEN_RUNS)
+    if baseline is None:
+        schedule = run_schedule(fault, exp_dir / Role.FAULT)
+        if schedule is None:  # neither a baseline nor a schedule
+            raise _missing(exp_dir, "baseline")
+        return _switchback_analysis(exp_dir, name, log, fault, schedule)
     if baseline.world_size != fault.world_size:
         raise DataError(
             f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "
@@ -193,6 +223,79 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         detections=j.detections,
     )
     return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps, log.expectation)
+
+
+def run_schedule(run: RunData, job_dir: Path) -> SwitchbackSchedule | None:
+    """The schedule a switchback job followed: the probe's record of it (``RunData.fault_schedule``,
+    where the reader has it), else the one the campaign wrote (``schedule.json``); None: neither."""
+    read = getattr(run, "fault_schedule", None)
+    recorded = read() if callable(read) else None
+    if isinstance(recorded, SwitchbackSchedule):
+        return recorded
+    raw = read_schedule(job_dir)
+    return None if raw is None else schedule_from_json(raw, source=str(schedule_path(job_dir)))
+
+
+def observed_state(run: RunData) -> npt.NDArray[np.int64] | None:
+    """The probe's per-step fault state (0 off, 1 on, 2 dropped), where the reader has it."""
+    read = getattr(run, "observed_state", None)
+    state = read() if callable(read) else None
+    return None if state is None else np.asarray(state, dtype=np.int64)
+
+
+def judge_run_schedule(run: RunData, schedule: SwitchbackSchedule) -> SwitchbackResult:
+    """:func:`.switchback.judge_switchback_run` with the states the probe observed, if it did."""
+    return judge_switchback_run(run, schedule, observed_state=observed_state(run))
+
+
+def switchback_stragglers(result: SwitchbackResult) -> tuple[StragglerScore, ...]:
+    """The ranks that compute significantly slower while the fault is on, slowest first, as
+    straggler entries (kind SLOWER_WHEN_ON: the score is that slowdown, a fraction)."""
+    return tuple(_straggler(r) for r in result.stragglers)
+
+
+def _straggler(r: RankContrast) -> StragglerScore:
+    return StragglerScore(r.rank, r.host, None, r.score, np.nan, np.nan, StragglerKind.SLOWER_WHEN_ON)
+
+
+def _empty_series() -> JobSeries:
+    return JobSeries(np.zeros(0), np.zeros(0))
+
+
+def _switchback_analysis(
+    exp_dir: Path, name: str, log: ObservationLog, fault: RunData, schedule: SwitchbackSchedule
+) -> ExperimentAnalysis:
+    """Judge a switchback experiment on its fault job alone."""
+    sb = judge_run_schedule(fault, schedule)
+    comparison = sb.comparison()
+    f = job_series(fault)
+    states = schedule.step_states(np.asarray(fault.ranks[0].step[: len(f.step_time)], dtype=np.int64))
+    off = states == OFF
+    log = replace(log, observations=_merged(log, probe_observations(fault)))
+    lost = lost_steps(fault)
+    j = judge(comparison, log, lost, load_injections(exp_dir / Role.FAULT))
+    result = ExperimentResult(
+        name=name,
+        fault=log.fault,
+        verdict=j.verdict,
+        reason=j.reason,
+        comparison=comparison,
+        stragglers=switchback_stragglers(sb),
+        detected_by=j.detected_by,
+        time_to_detect_s=j.time_to_detect_s,
+        time_to_remediate_s=j.time_to_remediate_s,
+        lost_steps=lost,
+        crashed=log.crashed,
+        world_size=fault.world_size,
+        observations=log.observations,
+        detections=j.detections,
+        design=SWITCHBACK,
+        mde=sb.mde,
+    )
+    own_off = JobSeries(f.step_time[off], f.t_start[off])
+    return ExperimentAnalysis(
+        result, None, fault, own_off, f, log.fault_window, states == ON, log.expectation, sb
+    )
 
 
 def _merged(log: ObservationLog, extra: tuple[Observation, ...]) -> tuple[Observation, ...]:

@@ -12,6 +12,9 @@ from typing import Any
 
 from slurm_chaos.rundir.observations import Observation
 
+#: The design of a result judged against a baseline job (switchback's is schedule.DESIGN).
+BETWEEN_RUNS = "between-runs"
+
 
 class Verdict(StrEnum):
     """Outcome of one experiment; the values are what reports print."""
@@ -63,6 +66,9 @@ class StragglerKind(StrEnum):
     SLOW_COMPUTE = "slow_compute"  # this rank computes slowly
     WAITS = "waits_in_allreduce"  # it is fast but spends the difference waiting for a slow peer
     NORMAL = "normal"
+    # A switchback run: it computes slower, relative to the other ranks, while the fault is on;
+    # its score is that slowdown as a fraction (0.2 = 20% slower), not a speed relative to the fastest.
+    SLOWER_WHEN_ON = "slower_when_fault_on"
 
 
 @dataclass(frozen=True)
@@ -106,12 +112,23 @@ class ExperimentResult:
     world_size: int = 0
     observations: tuple[Observation, ...] = field(default_factory=tuple)
     detections: tuple[Detection, ...] = ()
+    # How the step-time effect was measured: "between-runs" (a baseline job) or "switchback" (the
+    # fault job's own on against off blocks), and the smallest effect it could detect (switchback).
+    design: str = BETWEEN_RUNS
+    mde: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """Flat JSON record, rounded so that re-running gives byte-identical output."""
+        """Flat JSON record, rounded so that re-running gives byte-identical output.
+
+        Every entry has ``design``, ``p_value``, ``significant``, ``mde`` and ``stragglers``
+        (slowest first); what a design cannot say is null."""
         c = self.comparison
         record: dict[str, Any] = {
             "name": self.name,
+            "design": self.design,
+            "p_value": None,
+            "significant": False,
+            "mde": _round(self.mde),
             "fault": self.fault,
             "verdict": self.verdict.value,
             "reason": self.reason,

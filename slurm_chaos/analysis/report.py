@@ -32,6 +32,7 @@ from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
 from slurm_chaos.analysis.verdict import DETECTION_SIGNALS, signal_matches
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.rundir import Manifest, experiment_dir, read_manifest
+from slurm_chaos.schedule import DESIGN as SWITCHBACK
 
 REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.xml"}
 
@@ -283,17 +284,21 @@ def _experiment_html(a: ExperimentAnalysis, switches: Mapping[str, str]) -> str:
         ("fault SPEC (as the job got it)", r.fault or "-"),
         ("ranks", str(r.world_size)),
     ]
+    switchback = r.design == SWITCHBACK
+    numbers.append(("design", "switchback (the job's own on vs off blocks)" if switchback else r.design))
     if c is not None:
+        test = "randomisation test, on/off pairs" if switchback else "Mann-Whitney, block medians"
         numbers += [
             ("regression (median step)", f"{_pct(c.regression)}  CI [{_pct(c.ci_low)}, {_pct(c.ci_high)}]"),
-            ("p-value (Mann-Whitney, block medians)", f"{c.p_value:.3g}  significant: {c.significant}"),
+            (f"p-value ({test})", f"{c.p_value:.3g}  significant: {c.significant}"),
+            ("minimum detectable effect", _pct(r.mde)),
             (
-                "baseline median / p95 / p99",
+                "off blocks median / p95 / p99" if switchback else "baseline median / p95 / p99",
                 f"{1e3 * c.baseline.median:.2f} / {1e3 * c.baseline.p95:.2f} / "
                 f"{1e3 * c.baseline.p99:.2f} ms  ({c.baseline.n} steps, warm-up {c.baseline_warmup_steps})",
             ),
             (
-                "fault median / p95 / p99",
+                "on blocks median / p95 / p99" if switchback else "fault median / p95 / p99",
                 f"{1e3 * c.fault.median:.2f} / {1e3 * c.fault.p95:.2f} / "
                 f"{1e3 * c.fault.p99:.2f} ms  ({c.fault.n} steps, warm-up {c.fault_warmup_steps})",
             ),

@@ -37,7 +37,14 @@ from scipy import signal as sps
 
 from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
 from slurm_chaos.probe.writer import write_attrs
-from slurm_chaos.rundir import Expectation, FaultWindow, Observation, ObservationLog, write_observations
+from slurm_chaos.rundir import (
+    Expectation,
+    FaultWindow,
+    Observation,
+    ObservationLog,
+    write_observations,
+    write_schedule,
+)
 from slurm_chaos.schedule import SwitchbackSchedule
 
 FloatArray = npt.NDArray[np.float64]
@@ -243,10 +250,11 @@ def write_run(
 
 @dataclass(frozen=True)
 class SyntheticExperiment:
-    """One experiment of a synthetic campaign run directory."""
+    """One experiment of a synthetic campaign run directory; without a baseline, a switchback
+    experiment: its fault model's schedule is written to ``fault/schedule.json``."""
 
     name: str
-    baseline: JobModel
+    baseline: JobModel | None
     fault: JobModel
     expectation: Expectation = field(default_factory=Expectation)
     # (signal, seconds after the fault's start, detail), or an Observation (a site detector's
@@ -257,8 +265,12 @@ class SyntheticExperiment:
 
 
 def write_experiment(exp_dir: Path, exp: SyntheticExperiment) -> ObservationLog:
-    """Write baseline/, fault/ and observations.json of one experiment."""
-    write_run(exp_dir / "baseline", simulate(exp.baseline), job_id="1000")
+    """Write baseline/ (or, for a switchback experiment, fault/schedule.json), fault/ and
+    observations.json of one experiment."""
+    if exp.baseline is not None:
+        write_run(exp_dir / "baseline", simulate(exp.baseline), job_id="1000")
+    elif exp.fault.schedule is not None:
+        write_schedule(exp_dir / "fault", exp.fault.schedule.to_json())
     fault_run = simulate(exp.fault)
     write_run(exp_dir / "fault", fault_run, job_id="1001")
     window = fault_run.fault_window()

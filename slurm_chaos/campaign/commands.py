@@ -62,7 +62,8 @@ def _baselines(site: Site, experiments: list[Experiment]) -> dict[str, list[str]
     shapes: dict[str, list[str]] = {}
     for exp in experiments:
         check_limits(site, exp)
-        shapes.setdefault(shape_of(site, exp).label, []).append(exp.name)
+        if not exp.is_switchback:  # a switchback job is its own control: no baseline
+            shapes.setdefault(shape_of(site, exp).label, []).append(exp.name)
     return shapes
 
 
@@ -86,7 +87,8 @@ def plan_json(site: Site, experiments: list[Experiment]) -> dict[str, Any]:
 
 
 def describe_plan(site: Site, experiments: list[Experiment]) -> str:
-    """The dry-run plan: one baseline per job shape, then each experiment's fault job."""
+    """The dry-run plan: one baseline per job shape (switchback experiments need none), then each
+    experiment's fault job and its design."""
     lines = [
         f"site {site.cluster} ({site.path}), partition {site.slurm.partition}, "
         f"reservation {site.slurm.reservation or '-'}"
@@ -94,13 +96,13 @@ def describe_plan(site: Site, experiments: list[Experiment]) -> str:
     for label, names in _baselines(site, experiments).items():
         lines.append(f"baseline {label}: shared by {', '.join(names)}")
     lines.append("")
-    lines.append(f"{'EXPERIMENT':<22} {'STRATEGY':<12} {'NODES':>5} {'FAULT':<40} EXPECT")
+    lines.append(f"{'EXPERIMENT':<22} {'STRATEGY':<12} {'NODES':>5} {'DESIGN':<12} {'FAULT':<40} EXPECT")
     for exp in experiments:
         expect = ", ".join(exp.expect.detect + exp.expect.remediation) or (
             "regression" if exp.expect.regression else "-"
         )
         lines.append(
-            f"{exp.name:<22} {exp.strategy:<12} {exp.nodes:>5} "
+            f"{exp.name:<22} {exp.strategy:<12} {exp.nodes:>5} {exp.design:<12} "
             f"{exp.fault.spec or '(none: A/A control)':<40} {expect}"
         )
     return "\n".join(lines)

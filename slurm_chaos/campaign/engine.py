@@ -11,7 +11,10 @@
 - judge: the analysis (`slurm_chaos.analysis`) reads the run directory and gives each verdict.
 - roll back: `rolled_back` undoes every journalled controller action however the block ends.
 
-The baseline is the same stages without a fault, run once per job shape. Time comes from an
+The baseline is the same stages without a fault, run once per job shape. A switchback experiment
+has none: its fault job toggles the fault in the on/off blocks of a schedule drawn from a seed of
+the run id and the experiment's name, written to ``fault/schedule.json`` before the job is
+submitted, and the job is judged on its own on and off steps. Time comes from an
 injected `Clock` and Slurm only through the injected `Scheduler`, so the whole engine runs against
 fakes in unit tests. The time spent in each stage goes to the manifest's `timings`.
 """
@@ -40,7 +43,7 @@ from slurm_chaos.experiment import Experiment, Mode, with_site_deadlines
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.probe.reader import last_step
-from slurm_chaos.render import check_limits, fault_spec, render_job
+from slurm_chaos.render import check_limits, fault_schedule, fault_spec, render_job
 from slurm_chaos.rundir import (
     Expectation,
     FaultWindow,
@@ -481,15 +484,27 @@ def _baseline(camp: Campaign, p: Plan) -> Path:
 
 
 def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
-    """Baseline (shared), fault job watched to its end, rollback, observations.json."""
+    """Baseline (shared; none for a switchback experiment), fault job watched to its end,
+    rollback, observations.json."""
     p = plan(camp, exp)
     p.exp_dir.mkdir(parents=True, exist_ok=True)
     clock = camp.clock
     t_start = clock.monotonic()
-    _baseline(camp, p)
+    schedule = fault_schedule(camp.site, exp, camp.manifest.run_id)
+    if schedule is None:
+        _baseline(camp, p)
     t_base = clock.monotonic()
     with rolled_back(camp, exp.name):
         fault_dir = p.exp_dir / Role.FAULT
+        if schedule is not None:
+            rundir.write_schedule(fault_dir, schedule.to_json())
+            log.info(
+                "%s: switchback schedule, seed %d, %d on/off pairs%s",
+                exp.name,
+                schedule.seed,
+                schedule.pairs,
+                " (placebo)" if schedule.placebo else "",
+            )
         job = submit(camp, exp, Role.FAULT, exp.name, fault_dir)
         t_submitted = clock.monotonic()
         mon = camp.site.monitoring

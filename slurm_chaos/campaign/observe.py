@@ -157,7 +157,7 @@ class Watcher:
         # One observation per alert (its labels), at the time Alertmanager says it began: an
         # alert of the same name about an earlier job neither hides this one nor counts.
         when = starts_at(alert)
-        self._note(f"alert-{detail}", alert_signal(str(labels['alertname'])), detail, when, quiet)
+        self._note(f"alert-{detail}", alert_signal(str(labels["alertname"])), detail, when, quiet)
         for d in self.detectors:
             if d.matches_alert(labels):
                 self._detected(f"alert-{detail}", d, detail, when, quiet)

@@ -7,10 +7,11 @@ Layout (file -> the module here that reads and writes it)::
     RUN_DIR/calibration.json                    calibration.py   an A/A calibration's result
     RUN_DIR/baselines/<shape>/                  Slurm output and the probe's rank-<R>.h5
     RUN_DIR/experiments/<name>/{baseline,fault}.sbatch
-    RUN_DIR/experiments/<name>/{baseline -> ../../baselines/<shape>, fault}/
+    RUN_DIR/experiments/<name>/{baseline -> ../../baselines/<shape>, fault}/  (switchback: fault/ only)
     RUN_DIR/experiments/<name>/observations.json  observations.py  what monitoring and Slurm did
     RUN_DIR/experiments/<name>/fault/release    layout.RELEASE   the campaign ends a held fault job
     RUN_DIR/experiments/<name>/fault/injections/<node>.json  injections.py  whether each node fault took
+    RUN_DIR/experiments/<name>/fault/schedule.json  schedule.py  a switchback job's on/off blocks
     RUN_DIR/aa/run-<i>/                         the A/A runs of a calibration
 
 The campaign writes these files and the analysis reads them, both through this package only.
@@ -26,6 +27,7 @@ from slurm_chaos.rundir.layout import (
     MANIFEST,
     OBSERVATIONS,
     RELEASE,
+    SCHEDULE,
     Role,
     aa_dir,
     baseline_dir,
@@ -46,6 +48,7 @@ from slurm_chaos.rundir.observations import (
     observations_to_json,
     write_observations,
 )
+from slurm_chaos.rundir.schedule import read_schedule, schedule_path, write_schedule
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -54,6 +57,7 @@ __all__ = [
     "MANIFEST",
     "OBSERVATIONS",
     "RELEASE",
+    "SCHEDULE",
     "Expectation",
     "FaultWindow",
     "InjectionRecord",
@@ -76,7 +80,10 @@ __all__ = [
     "observations_from_json",
     "observations_to_json",
     "read_manifest",
+    "read_schedule",
+    "schedule_path",
     "write_calibration",
     "write_manifest",
     "write_observations",
+    "write_schedule",
 ]

@@ -13,6 +13,8 @@ CONTROLLER_JOURNAL = "controller-journal.jsonl"
 RELEASE = "release"
 #: In a fault job's directory: one ``<node>.json`` per node, whether each node fault took there.
 INJECTIONS = "injections"
+#: In a switchback fault job's directory: the schedule of on/off blocks it was given (schedule.py).
+SCHEDULE = "schedule.json"
 
 
 class Role(StrEnum):

@@ -92,6 +92,11 @@ def test_json_report(run_dir: Path, outputs: dict[str, tuple[str, int]]) -> None
     assert slow["time_to_remediate_s"] == pytest.approx(40.0)
     assert slow["regression"] > 0.2 and slow["ci_low"] < slow["regression"] < slow["ci_high"]
     assert doc["exit_code"] == 1
+    # Every entry says how it was measured; between runs there is no minimum detectable effect.
+    for r in records.values():
+        assert (r["design"], r["mde"]) == ("between-runs", None)
+        assert isinstance(r["significant"], bool) and 0 <= r["p_value"] <= 1
+    assert slow["significant"] is True
 
 
 def test_junit_validates_against_the_schema(run_dir: Path, outputs: dict[str, tuple[str, int]]) -> None:
@@ -270,6 +275,12 @@ def test_fault_run_without_probe_files_is_not_recovered(copy: Path, left: str) -
     data = json.loads(report_dir(copy, "json", None)[0])
     (hog,) = (e for e in data["experiments"] if e["name"] == "cpu-hog")
     assert (hog["verdict"], hog["crashed"], "regression" in hog) == ("NOT RECOVERED", True, False)
+    assert (hog["design"], hog["p_value"], hog["significant"], hog["stragglers"]) == (
+        "between-runs",
+        None,
+        False,
+        [],
+    )
     report_dir(copy, "junit", None)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from slurm_chaos.analysis.synthetic import JobModel, simulate
-from slurm_chaos.schedule import placebo_of, switchback_schedule
+from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, simulate, write_experiment
+from slurm_chaos.rundir import read_schedule
+from slurm_chaos.schedule import placebo_of, schedule_from_json, switchback_schedule
 
 QUIET = JobModel(ranks=4, steps=400, noise=0.0, rank_jitter=0.0)
 
@@ -61,3 +63,13 @@ def test_a_slow_rank_on_a_schedule_computes_slower_only_in_on_blocks() -> None:
     compute = run.fields["compute_time"]
     assert np.allclose(compute[2, on] / compute[0, on], 1.1)
     assert np.allclose(compute[2, ~on], compute[0, ~on])
+
+
+def test_an_experiment_without_a_baseline_is_written_as_a_switchback(tmp_path: Path) -> None:
+    schedule = switchback_schedule(300, seed=5)
+    fault = JobModel(ranks=2, steps=300, ranks_per_host=1, schedule=schedule)
+    write_experiment(tmp_path / "x", SyntheticExperiment("x", None, fault))
+    assert not (tmp_path / "x" / "baseline").exists()
+    raw = read_schedule(tmp_path / "x" / "fault")
+    assert raw is not None and schedule_from_json(raw) == schedule
+    assert sorted(p.name for p in (tmp_path / "x" / "fault").glob("rank-*.h5")) == ["rank-0.h5", "rank-1.h5"]

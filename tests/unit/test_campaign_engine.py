@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +19,8 @@ from slurm_chaos.errors import ChaosError, UsageError
 from slurm_chaos.experiment import load_experiment
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.placement import NodeRank
+from slurm_chaos.render import fault_schedule, switchback_seed
+from slurm_chaos.schedule import schedule_from_json
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.fake import FakeScheduler, Submission, idle_nodes
 from slurm_chaos.slurm.model import JobInfo, JobState
@@ -569,3 +571,73 @@ def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
     alert = Observation("alert_firing:ChaosCheckpointFailing", t0 + 20, "")
     assert not release_due(e, t0, (alert,), t0 + 100)
     assert release_due(e, t0, (alert,), t0 + 120 + GRACE_S)
+
+
+# ------------------------------------------------------------------ switchback
+
+SWITCHBACK = DATA / "experiments" / "slow-rank-switchback.yaml"
+
+
+def test_a_switchback_experiment_writes_its_schedule_and_runs_no_baseline(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, str(SWITCHBACK))
+    exp = camp.experiments[0]
+    real = fake.submit
+    seen: list[tuple[str, bool]] = []
+
+    def submit(script: Path, args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> str:
+        seen.append((script.name, (script.parent / "fault" / rundir.SCHEDULE).is_file()))
+        return real(script, args, env)
+
+    monkeypatch.setattr(fake, "submit", submit)
+    run_experiment(camp, exp)
+    # One job, the fault job, submitted once its schedule was in place; no baseline at all.
+    assert seen == [("fault.sbatch", True)]
+    exp_dir = rundir.experiment_dir(camp.run_dir, exp.name)
+    assert not (camp.run_dir / "baselines").exists() and not (exp_dir / "baseline").exists()
+    assert camp.manifest.job(exp.name, "baseline") is None
+    # The schedule is the one drawn from the run id and the experiment's name, its seed recorded.
+    raw = rundir.read_schedule(exp_dir / "fault")
+    assert raw is not None and raw["seed"] == switchback_seed(camp.manifest.run_id, exp.name)
+    assert schedule_from_json(raw) == fault_schedule(site, exp, camp.manifest.run_id)
+    script = (exp_dir / "fault.sbatch").read_text()
+    assert f"--fault-schedule {exp_dir / 'fault' / rundir.SCHEDULE}" in script
+    # The held job and the observations go on as before.
+    assert "--hold-file" in script
+    log = observations(camp, exp.name)
+    assert log.fault == "slow-rank:rank=1,percent=60,control=switchback"
+    assert camp.manifest.completed == [exp.name]
+
+
+def test_a_resumed_switchback_experiment_gets_the_same_schedule(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, str(SWITCHBACK))
+    run_experiment(camp, camp.experiments[0])
+    fault_dir = rundir.experiment_dir(camp.run_dir, camp.experiments[0].name) / "fault"
+    first = rundir.read_schedule(fault_dir)
+    again = campaign(site, fake, clock, tmp_path, str(SWITCHBACK), resume=True)
+    run_experiment(again, again.experiments[0])
+    assert rundir.read_schedule(fault_dir) == first
+
+
+def test_a_between_runs_experiment_has_no_schedule(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "slow-rank")
+    run_experiment(camp, camp.experiments[0])
+    assert [s.script.name for s in fake.submissions if s.script] == [
+        "n2-t2-s300-train.sbatch",
+        "fault.sbatch",
+    ]
+    assert rundir.read_schedule(rundir.experiment_dir(camp.run_dir, "slow-rank") / "fault") is None
+
+
+def test_the_plan_names_the_design_and_no_baseline_for_a_switchback_experiment(site: Site) -> None:
+    from slurm_chaos.campaign.commands import describe_plan
+
+    plan = describe_plan(site, [load_experiment(str(SWITCHBACK)), load_experiment("slow-rank")])
+    assert "baseline n2-t2-s300-train: shared by slow-rank\n" in plan
+    rows = {line.split()[0]: line.split()[3] for line in plan.split("\nEXPERIMENT")[1].splitlines()[1:]}
+    assert rows == {"slow-rank-switchback": "switchback", "slow-rank": "between-runs"}

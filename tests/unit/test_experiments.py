@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from slurm_chaos.campaign.commands import describe_plan, load_suite
 from slurm_chaos.errors import ConfigError, UsageError
-from slurm_chaos.experiment import available, load_experiment, load_experiment_file
+from slurm_chaos.experiment import (
+    NOT_YET_AVAILABLE,
+    SCHEMA_PATH,
+    Design,
+    available,
+    experiment_json,
+    load_experiment,
+    load_experiment_file,
+    reversible_faults,
+    spec_fault_names,
+)
 from slurm_chaos.faults.spec import parse_spec
-from slurm_chaos.render import fault_spec
+from slurm_chaos.render import fault_schedule, fault_spec
 from slurm_chaos.site import load_site
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -79,8 +90,6 @@ def test_bad_experiment_names_the_key(tmp_path: Path) -> None:
 
 
 def test_the_experiment_enums_are_the_schemas() -> None:
-    import json
-
     from slurm_chaos.experiment import SCHEMA_PATH, Mode, Remediation, Strategy
 
     props = json.loads(SCHEMA_PATH.read_text())["properties"]
@@ -94,3 +103,90 @@ def test_an_experiment_mode_is_a_mode_the_probe_runs() -> None:
     from slurm_chaos.probe.schema import ProbeMode
 
     assert [m.value for m in Mode] == [m.value for m in ProbeMode]
+
+
+# --- design: switchback (one job, its own control) or between-runs --------------------------
+
+REVERSIBLE = {"slow-rank", "slow-node", "noisy-neighbour", "netem"}
+
+
+def _experiment(tmp_path: Path, spec: str | None, design: str | None = None, extra: str = "") -> Path:
+    p = tmp_path / "x.yaml"
+    p.write_text(
+        "name: x\nstrategy: resource\ndescription: d\n"
+        + (f"design: {design}\n" if design else "")
+        + f"fault: {{spec: {json.dumps(spec)}{extra}}}\nexpect: {{}}\n"
+    )
+    return p
+
+
+def test_the_reversible_faults_are_the_catalogues_with_a_control_key() -> None:
+    assert set(reversible_faults()) == REVERSIBLE
+
+
+@pytest.mark.parametrize(
+    ("spec", "design"),
+    [
+        ("slow-rank:rank=1,percent=60", Design.SWITCHBACK),
+        ("netem:delay=4ms+noisy-neighbour:cpus=1", Design.SWITCHBACK),
+        ("netem:delay=4ms+numa-mismatch", Design.BETWEEN_RUNS),  # one irreversible fault
+        ("node-drain:at_step=60,node=1", Design.BETWEEN_RUNS),  # a controller fault
+        ("gpu-ecc", Design.BETWEEN_RUNS),
+        (None, Design.BETWEEN_RUNS),  # an A/A control compares two runs unless it asks otherwise
+    ],
+)
+def test_the_default_design(tmp_path: Path, spec: str | None, design: Design) -> None:
+    assert load_experiment_file(_experiment(tmp_path, spec)).design is design
+
+
+def test_shipped_reversible_experiments_stay_between_runs_until_the_probe_toggles() -> None:
+    for name, path in available().items():
+        exp = load_experiment_file(path)
+        assert exp.design is Design.BETWEEN_RUNS, name
+        if exp.fault.spec and set(spec_fault_names(exp.fault.spec)) <= REVERSIBLE:
+            assert "design: between-runs" in path.read_text(), name  # said, not defaulted
+
+
+def test_design_window_is_refused_as_not_available_yet(tmp_path: Path) -> None:
+    p = _experiment(tmp_path, "slow-rank:rank=1", "window")
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert (exc.value.path, exc.value.key) == (str(p), "design")
+    assert "'window' is not available yet" in str(exc.value) and str(p) in str(exc.value)
+
+
+def test_switchback_on_an_irreversible_fault_names_the_fault(tmp_path: Path) -> None:
+    p = _experiment(tmp_path, "slow-rank:rank=1+numa-mismatch", "switchback")
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert exc.value.key == "design"
+    assert "'numa-mismatch' cannot be turned on and off" in exc.value.problem
+
+
+def test_switchback_without_a_fault_is_a_placebo(tmp_path: Path) -> None:
+    exp = load_experiment_file(_experiment(tmp_path, None, "switchback"))
+    assert exp.design is Design.SWITCHBACK and exp.is_control
+    site = load_site(DATA / "sites" / "golden.yaml")
+    schedule = fault_schedule(site, exp, "r1")
+    assert schedule is not None and schedule.placebo and schedule.pairs >= 8
+    assert experiment_json(exp)["design"] == "switchback"
+
+
+def test_a_switchback_schedule_decides_when_the_fault_is_on(tmp_path: Path) -> None:
+    p = _experiment(tmp_path, "slow-rank:rank=1", "switchback", ", duration_s: 30")
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert exc.value.key == "fault.duration_s"
+    # between runs the same keys mean what they meant
+    assert load_experiment_file(_experiment(tmp_path, "slow-rank:rank=1", "between-runs", ", duration_s: 30"))
+
+
+def test_an_unknown_design_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(_experiment(tmp_path, "slow-rank:rank=1", "alternating"))
+    assert exc.value.key == "design" and "switchback" in exc.value.problem
+
+
+def test_the_design_enum_is_the_schemas() -> None:
+    props = json.loads(SCHEMA_PATH.read_text())["properties"]
+    assert props["design"]["enum"] == [d.value for d in Design] + list(NOT_YET_AVAILABLE)

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from slurm_chaos.errors import UsageError
-from slurm_chaos.experiment import Experiment, Fault, load_experiment
-from slurm_chaos.render import render_experiment, render_job, unknown_features
+from slurm_chaos.experiment import Design, Experiment, Fault, load_experiment
+from slurm_chaos.faults.spec import canonical_spec
+from slurm_chaos.render import (
+    fault_schedule,
+    fault_spec,
+    render_experiment,
+    render_job,
+    switchback_seed,
+    unknown_features,
+)
+from slurm_chaos.schedule import schedule_from_json
 from slurm_chaos.site import load_site
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -18,15 +29,89 @@ GOLDEN = DATA / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
-@pytest.mark.parametrize("experiment", ["numa-mismatch", "control-aa"])
-@pytest.mark.parametrize("role", ["baseline", "fault"])
+SWITCHBACK = DATA / "experiments" / "slow-rank-switchback.yaml"
+
+
+@pytest.mark.parametrize(
+    ("experiment", "role"),
+    [
+        ("numa-mismatch", "baseline"),
+        ("numa-mismatch", "fault"),
+        ("control-aa", "baseline"),
+        ("control-aa", "fault"),
+        (str(SWITCHBACK), "fault"),
+    ],
+)
 def test_render_matches_golden(experiment: str, role: str) -> None:
     site = load_site(DATA / "sites" / "golden.yaml")
-    text = render_job(site, load_experiment(experiment), role, Path("/runs/r1") / experiment / role, "r1")
-    golden = GOLDEN / f"{experiment}.{role}.sbatch"
+    exp = load_experiment(experiment)
+    text = render_job(site, exp, role, Path("/runs/r1") / exp.name / role, "r1")
+    golden = GOLDEN / f"{exp.name}.{role}.sbatch"
     if UPDATE:
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_a_switchback_fault_job_follows_its_schedule(tmp_path: Path) -> None:
+    """control=switchback on the fault (canonical SPEC), the schedule and the control root for
+    the probe, and at least the schedule's steps."""
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment(str(SWITCHBACK))
+    assert exp.design is Design.SWITCHBACK
+    text = render_job(site, exp, "fault", Path("/r/fault"), "r1")
+    spec = "slow-rank:rank=1,percent=60,control=switchback"
+    assert f"#SBATCH --chaos={spec}\n" in text and spec == canonical_spec(spec)
+    assert fault_spec(site, exp, "fault", "r1") == spec  # what observations.json records
+    assert (
+        "  --fault-schedule /r/fault/schedule.json \\\n  --fault-control /var/lib/slurm-chaos/journal\n"
+        in text
+    )
+    schedule = fault_schedule(site, exp, "r1")
+    assert schedule is not None and schedule.seed == switchback_seed("r1", exp.name)
+    assert schedule.affected_ranks == (1,) and not schedule.placebo
+    steps = int(text.split("--steps ")[1].split()[0])
+    assert steps >= schedule.end_step and steps == site.probe.steps
+    # A between-runs job of the same fault has neither.
+    between = render_job(site, load_experiment("slow-rank"), "fault", Path("/r/fault"), "r1")
+    assert "--fault-schedule" not in between and "control=" not in between
+    script = tmp_path / "fault.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+
+
+def test_the_schedule_is_drawn_from_the_run_and_the_experiment() -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment(str(SWITCHBACK))
+    assert fault_schedule(site, exp, "r1") == fault_schedule(site, exp, "r1")
+    assert switchback_seed("r1", exp.name) != switchback_seed("r2", exp.name)
+    assert switchback_seed("r1", exp.name) != switchback_seed("r1", "other")
+    assert fault_schedule(site, load_experiment("slow-rank"), "r1") is None
+
+
+def test_a_switchback_placebo_has_a_schedule_and_no_fault(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = replace(load_experiment("control-aa"), design=Design.SWITCHBACK)
+    text = render_job(site, exp, "fault", tmp_path / "fault", "r1")
+    assert "--chaos" not in text and "SLURM_CHAOS_FAULT" not in text
+    assert f"--fault-schedule {tmp_path}/fault/schedule.json\n" in text and "--fault-control" not in text
+
+
+def test_a_dry_run_of_a_switchback_experiment_writes_its_schedule_and_no_baseline(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    exp = load_experiment(str(SWITCHBACK))
+    (job,) = render_experiment(site, exp, tmp_path, "r1")
+    assert job.role == "fault" and not (tmp_path / "baseline.sbatch").exists()
+    schedule = fault_schedule(site, exp, "r1")
+    assert schedule is not None
+    assert schedule_from_json(json.loads((tmp_path / "fault" / "schedule.json").read_text())) == schedule
+
+
+def test_a_switchback_experiment_too_short_for_the_test_is_refused(tmp_path: Path) -> None:
+    site = load_site(DATA / "sites" / "golden.yaml")
+    short = replace(load_experiment(str(SWITCHBACK)), steps=200)
+    with pytest.raises(UsageError, match="design switchback needs at least 270 steps"):
+        render_experiment(site, short, tmp_path / "out", "r1")
+    assert not (tmp_path / "out").exists()
 
 
 def test_fault_script_carries_the_chaos_option_and_baseline_does_not() -> None:
