@@ -75,7 +75,7 @@ def check_limits(site: Site, experiment: Experiment) -> None:
             f"experiment {experiment.name} asks for {experiment.nodes} nodes; partition "
             f"{site.slurm.partition} has {len(site.partition_nodes)}"
         )
-    steps = experiment.steps or site.probe.steps
+    steps = probe_steps(site, experiment)
     if experiment.is_switchback and steps < SWITCHBACK_MIN_STEPS:
         raise UsageError(
             f"experiment {experiment.name}: design switchback needs at least {SWITCHBACK_MIN_STEPS} "
@@ -105,6 +105,22 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
 SWITCHBACK_ALPHA = 0.01
 #: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
 SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA)
+#: A switchback job's steps unless the experiment sets its own: some 18 on/off pairs of 10-15-step
+#: blocks after the warm-up, an MDE of about 2.5% at 5% step noise (bench/bench_sensitivity.py),
+#: 10-20 s of a sandbox probe.
+SWITCHBACK_STEPS = 500
+
+
+def probe_steps(site: Site, experiment: Experiment) -> int:
+    """The probe's steps for an experiment: its own, else the site's; a switchback experiment that
+    sets none gets at least SWITCHBACK_STEPS (its test needs on/off pairs, not a short run)."""
+    if experiment.steps:
+        return experiment.steps
+    if experiment.is_switchback:
+        return max(site.probe.steps, SWITCHBACK_STEPS)
+    return site.probe.steps
+
+
 #: The ``control`` value that makes a reversible fault start off and follow the probe's schedule.
 SWITCHBACK_CONTROL = "switchback"
 
@@ -123,7 +139,7 @@ def fault_schedule(site: Site, experiment: Experiment, run_id: str) -> Switchbac
         return None
     rank = experiment.fault.target.rank
     return switchback_schedule(
-        experiment.steps or site.probe.steps,
+        probe_steps(site, experiment),
         switchback_seed(run_id, experiment.name),
         placebo=experiment.is_control,
         affected_ranks=() if rank is None else (rank,),
@@ -172,7 +188,7 @@ def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, ru
     hold = experiment.hold_limit_s if role is Role.FAULT else None
     spec = fault_spec(site, experiment, role, run_id)
     schedule = fault_schedule(site, experiment, run_id) if role is Role.FAULT else None
-    steps = experiment.steps or site.probe.steps
+    steps = probe_steps(site, experiment)
     return template.render(
         site=site,
         experiment=experiment,

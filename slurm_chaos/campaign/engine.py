@@ -43,7 +43,7 @@ from slurm_chaos.experiment import Experiment, Mode, with_site_deadlines
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.probe.reader import last_step
-from slurm_chaos.render import check_limits, fault_schedule, fault_spec, render_job
+from slurm_chaos.render import check_limits, fault_schedule, fault_spec, probe_steps, render_job
 from slurm_chaos.rundir import (
     Expectation,
     FaultWindow,
@@ -84,7 +84,7 @@ class Shape:
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
     return Shape(
-        exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, exp.steps or site.probe.steps, exp.mode
+        exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, probe_steps(site, exp), exp.mode
     )
 
 
