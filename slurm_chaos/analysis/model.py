@@ -58,6 +58,13 @@ class Comparison:
     inconclusive_reason: str = ""
     onset_step: int | None = None
     onset_time: float | None = None
+    #: True for a switchback run judged on its own on/off blocks (the "baseline" is its off blocks).
+    within_job: bool = False
+
+    @property
+    def between(self) -> str:
+        """What the change was measured between, for verdict reasons."""
+        return "between the job's on and off blocks" if self.within_job else "between runs"
 
 
 class StragglerKind(StrEnum):

@@ -172,6 +172,7 @@ class SwitchbackResult:
             fault_warmup_steps=0,
             block_steps=0,
             inconclusive_reason=self.reason if self.effect is Effect.INCONCLUSIVE else "",
+            within_job=True,
         )
 
 

@@ -165,8 +165,14 @@ def judge(
         if not e.expect_regression:
             return verdict(
                 Verdict.INCONCLUSIVE,
-                f"step time {_pct(c)} between runs although no slowdown was expected: "
-                "the comparison is too noisy to trust here (calibrate the cluster's run-to-run noise)",
+                f"step time {_pct(c)} {c.between} although no slowdown was expected: "
+                + (
+                    "a placebo schedule found an effect (1 run in 100 does at alpha 0.01; more often, "
+                    "the job's speed moves with something in step with the blocks)"
+                    if c.within_job
+                    else "the comparison is too noisy to trust here "
+                    "(calibrate the cluster's run-to-run noise)"
+                ),
             )
         return verdict(Verdict.BLIND_SPOT, f"step time {_pct(c)} and no monitoring signal at all")
     if e.expect_regression and not slowed and hit is None:
@@ -180,7 +186,7 @@ def judge(
 def _unexpected_change(c: Comparison | None) -> str:
     """A between-run slowdown where the fault is not expected to slow the job: stated, not judged."""
     assert c is not None
-    return f" (step time {_pct(c)} between runs, where this fault is not expected to slow the job)"
+    return f" (step time {_pct(c)} {c.between}, where this fault is not expected to slow the job)"
 
 
 def _no_effect_reason(c: Comparison | None, missing: str) -> str:
