@@ -1,0 +1,153 @@
+"""Benchmark: how small a slow rank the in-job switchback detects on the sandbox, and its false alarms.
+
+Usage: python bench/bench_switchback_sandbox.py --site sandbox [--runs 20] [--placebo-runs 20]
+       [--percent 10 5] [--ranks 4] [--steps 500] [--out DIR]
+
+Issue #11's sandbox acceptance, measured: for each --percent, --runs jobs of --ranks ranks where
+rank 1 loses that share of its time in the on blocks of a seeded switchback schedule (slow-rank
+with ``control=switchback``, the SIGSTOP/SIGCONT duty cycle), each judged on its own on/off blocks
+(``slurm-chaos compare FAULT_DIR``); and --placebo-runs unfaulted jobs judged on placebo schedules.
+Prints per set: runs significant, runs that named rank 1 the slowest straggler (and significant),
+the median reported ``mde``, the median effect, and the agents' acknowledgement latency. Every job
+is its own slurm-chaos run (``slurm-chaos run``), one after the other; nothing is detected or held
+(the experiments expect no signal), so a job lasts its steps.
+
+Acceptance (#11): at 10% at least 19 of 20 significant with rank 1 named; at 5% at least 16 of 20;
+at most 3 significant of 100 placebo runs; the reported mde at most 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXPERIMENT = """name: {name}
+strategy: gpu
+description: bench_switchback_sandbox.py
+nodes: 2
+tasks_per_node: {tasks}
+steps: {steps}
+design: switchback
+fault:
+  spec: {spec}
+{target}expect:
+  regression: {regression}
+"""
+
+
+@dataclass
+class Outcome:
+    significant: bool
+    named: bool
+    mde: float | None
+    regression: float | None
+    ack_ms: list[float]
+
+
+def experiment(root: Path, name: str, percent: int | None, ranks: int, steps: int) -> Path:
+    spec = "null" if percent is None else f'"slow-rank:rank=1,percent={percent}"'
+    path = root / f"{name}.yaml"
+    path.write_text(
+        EXPERIMENT.format(
+            name=name,
+            tasks=max(1, ranks // 2),
+            steps=steps,
+            spec=spec,
+            target="" if percent is None else "  target: {rank: 1}\n",
+            regression="false" if percent is None else "true",
+        )
+    )
+    return path
+
+
+def ack_latencies(fault_dir: Path) -> list[float]:
+    from slurm_chaos.probe.reader import read_run
+
+    run = read_run(fault_dir)
+    out = []
+    for r in run.ranks:
+        for e in r.events:
+            if e.kind in ("fault_on", "fault_off") and "ack_ms=" in e.detail:
+                out.append(float(e.detail.split("ack_ms=")[1].split()[0]))
+    return out
+
+
+def one(site: str, exp: Path, out: Path) -> Outcome:
+    argv = [sys.executable, "-m", "slurm_chaos", "run", "--site", site, str(exp), "--out", str(out), "-q"]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode not in (0, 1):
+        raise SystemExit(f"run failed ({res.returncode}):\n{res.stderr[-2000:]}")
+    fault = out / "experiments" / exp.stem / "fault"
+    cmp = subprocess.run(
+        [sys.executable, "-m", "slurm_chaos", "compare", str(fault), "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    if cmp.returncode != 0:
+        raise SystemExit(f"compare failed ({cmp.returncode}):\n{cmp.stderr[-2000:]}")
+    data: dict[str, Any] = json.loads(cmp.stdout)
+    slow = data["stragglers"]
+    return Outcome(
+        significant=bool(data["significant"]) and (data["regression"] or 0) > 0,
+        named=bool(slow) and slow[0]["rank"] == 1,
+        mde=data["mde"],
+        regression=data["regression"],
+        ack_ms=ack_latencies(fault),
+    )
+
+
+def summary(label: str, outcomes: list[Outcome], seconds: float) -> str:
+    n = len(outcomes)
+    sig = sum(o.significant for o in outcomes)
+    named = sum(o.significant and o.named for o in outcomes)
+    mdes = [o.mde for o in outcomes if o.mde is not None]
+    effects = [o.regression for o in outcomes if o.regression is not None]
+    acks = sorted(a for o in outcomes for a in o.ack_ms)
+    ack = f"ack median {acks[len(acks) // 2]:.1f} ms max {acks[-1]:.1f} ms" if acks else "no acks"
+    return (
+        f"{label:<14} runs {n:>3}  significant {sig:>3}  named rank 1 {named:>3}  "
+        f"mde median {100 * statistics.median(mdes) if mdes else float('nan'):5.2f}%  "
+        f"effect median {100 * statistics.median(effects) if effects else float('nan'):+6.2f}%  "
+        f"{ack}  ({seconds / max(n, 1):.0f} s a run)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--site", default="sandbox")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--placebo-runs", type=int, default=20)
+    parser.add_argument("--percent", type=int, nargs="*", default=[10, 5])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        sets: list[tuple[str, int | None, int]] = [(f"slow {p}%", p, args.runs) for p in args.percent]
+        sets.append(("placebo", None, args.placebo_runs))
+        lines = []
+        for label, percent, runs in sets:
+            name = "sb-placebo" if percent is None else f"sb-slow-{percent}"
+            exp = experiment(root, name, percent, args.ranks, args.steps)
+            t0 = time.perf_counter()
+            outcomes = []
+            for i in range(runs):
+                outcomes.append(one(args.site, exp, root / f"{name}-{i:03d}"))
+                print(f"  {label} {i + 1}/{runs}: {outcomes[-1]}", file=sys.stderr, flush=True)
+            lines.append(summary(label, outcomes, time.perf_counter() - t0))
+            print(lines[-1], flush=True)
+        print("\n".join(["", f"{args.ranks} ranks, {args.steps} steps, site {args.site}", *lines]))
+
+
+if __name__ == "__main__":
+    main()
