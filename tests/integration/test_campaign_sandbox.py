@@ -230,16 +230,18 @@ def test_kill_9_of_the_cli_then_cleanup_leaves_nothing(sandbox, chaos_site: Path
 
 
 VERDICTS = {"PASSED", "BLIND SPOT", "NOT RECOVERED", "NO EFFECT", "INCONCLUSIVE"}
-# The least median step-time shift slow-rank (percent=60: stopped 12 ms of every 20 ms) must show:
-# +111% to +141% measured on the sandbox, where a 100 ms period gave anything from +6% to +221%.
-SLOW_RANK_MEDIAN_SHIFT = 0.3
+# The least step-time shift slow-rank (percent=60: rank 1 stopped 12 ms of every 20 ms, four ranks
+# on two nodes) must show between its on and off blocks: +42% measured on a loaded sandbox.
+SLOW_RANK_MEDIAN_SHIFT = 0.15
 
 
 def _slowed_rank_named(entry: dict[str, object]) -> None:
-    """slow-rank slows rank 1 (node2): the straggler analysis names it first."""
+    """slow-rank slows rank 1: judged on its own on/off blocks, the rank contrast names it first."""
+    assert entry["design"] == "switchback" and entry["significant"] is True, entry
+    assert isinstance(entry["ci_low"], float) and entry["ci_low"] > 0, entry
     stragglers = entry["stragglers"]
     assert isinstance(stragglers, list) and stragglers, entry
-    assert stragglers[0]["rank"] == 1 and stragglers[0]["kind"] == "slow_compute", stragglers
+    assert stragglers[0]["rank"] == 1 and stragglers[0]["kind"] == "slower_when_fault_on", stragglers
 
 
 def test_maintenance_campaign_gives_every_experiment_a_measured_verdict(
@@ -286,10 +288,17 @@ def test_maintenance_campaign_gives_every_experiment_a_measured_verdict(
         # Every verdict rests on measured numbers.
         assert e["baseline"]["n"] > 50 and e["fault_run"]["n"] > 20, name
         assert isinstance(e["regression"], float) and isinstance(e["p_value"], float), name
+    # A verdict is a claim: with the sandbox's full monitoring every experiment passes, every time
+    # (reversible faults judged inside their job, the others on events).
+    verdicts = {name: (e["verdict"], e["design"], e["reason"]) for name, e in entries.items()}
+    assert all(v == "PASSED" for v, _, _ in verdicts.values()), verdicts
+    for name in ("control-aa", "network-degradation", "slow-rank", "noisy-neighbour", "known-slow-node"):
+        assert entries[name]["design"] == "switchback", name
+        assert isinstance(entries[name]["mde"], float), name
     # A rank slowed to 40% of its speed is detected by the full monitoring set-up.
-    assert entries["slow-rank"]["verdict"] == "PASSED", entries["slow-rank"]["reason"]
     assert entries["slow-rank"]["regression"] > SLOW_RANK_MEDIAN_SHIFT
     _slowed_rank_named(entries["slow-rank"])
+    assert entries["known-slow-node"]["stragglers"][0]["rank"] == 0  # node 0's rank, on its own
     # The requeued jobs resumed from their checkpoints, losing at most one interval.
     for name in ("node-drain-requeue", "rack-loss"):
         assert entries[name]["lost_steps"] <= 40, name
