@@ -173,8 +173,13 @@ def _fault_steps(series: JobSeries, window: FaultWindow, warmup: int) -> npt.NDA
     return mask if mask.any() else np.ones(len(t), dtype=np.bool_)
 
 
-def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT) -> ExperimentAnalysis:
-    """Compare, localise stragglers and judge one experiment."""
+def analyse_experiment(
+    exp_dir: Path, name: str, min_effect: float = MIN_EFFECT, family: tuple[float, int] | None = None
+) -> ExperimentAnalysis:
+    """Compare, localise stragglers and judge one experiment.
+
+    ``family``: for a switchback experiment judged as one of a campaign's in-job tests, its
+    Holm-adjusted p-value and the number of tests (:func:`.report.analyse_run`)."""
     if not exp_dir.is_dir():
         raise DataError(f"{name}: experiment directory {exp_dir} does not exist")
     log = load_observations(exp_dir / OBSERVATIONS)
@@ -193,7 +198,7 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
         schedule = run_schedule(fault, exp_dir / Role.FAULT)
         if schedule is None:  # neither a baseline nor a schedule
             raise _missing(exp_dir, "baseline")
-        return _switchback_analysis(exp_dir, name, log, fault, schedule)
+        return _switchback_analysis(exp_dir, name, log, fault, schedule, family)
     if baseline.world_size != fault.world_size:
         raise DataError(
             f"{name}: baseline has {baseline.world_size} ranks, fault run has {fault.world_size}; "
@@ -226,26 +231,18 @@ def analyse_experiment(exp_dir: Path, name: str, min_effect: float = MIN_EFFECT)
 
 
 def run_schedule(run: RunData, job_dir: Path) -> SwitchbackSchedule | None:
-    """The schedule a switchback job followed: the probe's record of it (``RunData.fault_schedule``,
-    where the reader has it), else the one the campaign wrote (``schedule.json``); None: neither."""
-    read = getattr(run, "fault_schedule", None)
-    recorded = read() if callable(read) else None
-    if isinstance(recorded, SwitchbackSchedule):
+    """The schedule a switchback job followed: the probe's record of it (``fault_schedule`` in its
+    files), else the one the campaign wrote (``schedule.json``); None: neither."""
+    recorded = run.fault_schedule()
+    if recorded is not None:
         return recorded
     raw = read_schedule(job_dir)
     return None if raw is None else schedule_from_json(raw, source=str(schedule_path(job_dir)))
 
 
-def observed_state(run: RunData) -> npt.NDArray[np.int64] | None:
-    """The probe's per-step fault state (0 off, 1 on, 2 dropped), where the reader has it."""
-    read = getattr(run, "observed_state", None)
-    state = read() if callable(read) else None
-    return None if state is None else np.asarray(state, dtype=np.int64)
-
-
 def judge_run_schedule(run: RunData, schedule: SwitchbackSchedule) -> SwitchbackResult:
     """:func:`.switchback.judge_switchback_run` with the states the probe observed, if it did."""
-    return judge_switchback_run(run, schedule, observed_state=observed_state(run))
+    return judge_switchback_run(run, schedule, observed_state=run.observed_state())
 
 
 def switchback_stragglers(result: SwitchbackResult) -> tuple[StragglerScore, ...]:
@@ -263,10 +260,17 @@ def _empty_series() -> JobSeries:
 
 
 def _switchback_analysis(
-    exp_dir: Path, name: str, log: ObservationLog, fault: RunData, schedule: SwitchbackSchedule
+    exp_dir: Path,
+    name: str,
+    log: ObservationLog,
+    fault: RunData,
+    schedule: SwitchbackSchedule,
+    family: tuple[float, int] | None = None,
 ) -> ExperimentAnalysis:
     """Judge a switchback experiment on its fault job alone."""
     sb = judge_run_schedule(fault, schedule)
+    if family is not None:
+        sb = sb.adjusted(*family)
     comparison = sb.comparison()
     f = job_series(fault)
     states = schedule.step_states(np.asarray(fault.ranks[0].step[: len(f.step_time)], dtype=np.int64))
@@ -291,6 +295,7 @@ def _switchback_analysis(
         detections=j.detections,
         design=SWITCHBACK,
         mde=sb.mde,
+        p_adjusted=sb.p_adjusted,
     )
     own_off = JobSeries(f.step_time[off], f.t_start[off])
     return ExperimentAnalysis(

@@ -123,6 +123,8 @@ class ExperimentResult:
     # fault job's own on against off blocks), and the smallest effect it could detect (switchback).
     design: str = BETWEEN_RUNS
     mde: float | None = None
+    # Holm-adjusted across the campaign's in-job tests (switchback); None: judged alone.
+    p_adjusted: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Flat JSON record, rounded so that re-running gives byte-identical output.
@@ -136,6 +138,7 @@ class ExperimentResult:
             "p_value": None,
             "significant": False,
             "mde": _round(self.mde),
+            "p_adjusted": _round(self.p_adjusted, 12),
             "fault": self.fault,
             "verdict": self.verdict.value,
             "reason": self.reason,

@@ -28,6 +28,7 @@ from typing import Any
 
 from slurm_chaos.analysis.experiment import ExperimentAnalysis, analyse_experiment
 from slurm_chaos.analysis.model import Detection, ExperimentResult, Verdict
+from slurm_chaos.analysis.multiplicity import holm
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
 from slurm_chaos.analysis.verdict import DETECTION_SIGNALS, signal_matches
 from slurm_chaos.errors import ChaosError
@@ -73,11 +74,19 @@ def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> Run
     """
     manifest = read_manifest(run_dir)
     min_effect = MIN_EFFECT if manifest.min_effect is None else manifest.min_effect
-    analyses = tuple(
-        analyse_experiment(experiment_dir(run_dir, n), n, min_effect) for n in manifest.experiments
-    )
+    analyses = [analyse_experiment(experiment_dir(run_dir, n), n, min_effect) for n in manifest.experiments]
+    # A campaign's in-job tests are one family: their verdicts rest on Holm-adjusted p-values, so
+    # ten experiments at alpha 0.01 do not give a one-in-ten chance of a false call between them.
+    tested = [
+        i for i, a in enumerate(analyses) if a.switchback is not None and math.isfinite(a.switchback.p_value)
+    ]
+    if len(tested) > 1:
+        adjusted = holm([analyses[i].switchback.p_value for i in tested])  # type: ignore[union-attr]
+        for i, p in zip(tested, adjusted, strict=True):
+            n = manifest.experiments[i]
+            analyses[i] = analyse_experiment(experiment_dir(run_dir, n), n, min_effect, (p, len(tested)))
     topology = site_switches(manifest.site) if switches is None else switches
-    return RunReport(manifest, analyses, min_effect, topology)
+    return RunReport(manifest, tuple(analyses), min_effect, topology)
 
 
 def site_switches(site: str) -> dict[str, str]:

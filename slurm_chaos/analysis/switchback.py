@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -134,6 +134,27 @@ class SwitchbackResult:
     placebo: bool
     ranks: tuple[RankContrast, ...] = ()
     design: str = DESIGN
+    #: Holm-adjusted across a campaign's in-job tests (``family`` of them); None: judged alone.
+    p_adjusted: float | None = None
+    family: int = 1
+
+    def adjusted(self, p_adjusted: float, family: int) -> SwitchbackResult:
+        """This result as one of ``family`` tests of a campaign (Holm): significant only where the
+        adjusted p-value is below alpha too, INCONCLUSIVE with the reason where it no longer is."""
+        if not self.significant or p_adjusted < self.alpha:
+            return replace(self, p_adjusted=p_adjusted, family=family)
+        reason = (
+            f"p = {self.p_value:.2g} alone, but {p_adjusted:.2g} after Holm's adjustment across the "
+            f"campaign's {family} in-job tests: not significant at {self.alpha:g}"
+        )
+        return replace(
+            self,
+            significant=False,
+            effect=Effect.INCONCLUSIVE,
+            reason=reason,
+            p_adjusted=p_adjusted,
+            family=family,
+        )
 
     @property
     def stragglers(self) -> tuple[RankContrast, ...]:
@@ -148,6 +169,7 @@ class SwitchbackResult:
             "ci_low": _round(self.ci_low),
             "ci_high": _round(self.ci_high),
             "p_value": _round(self.p_value, 12),
+            "p_adjusted": None if self.p_adjusted is None else _round(self.p_adjusted, 12),
             "significant": self.significant,
             "mde": _round(self.mde),
             "effect": self.effect.value,

@@ -83,9 +83,7 @@ class Shape:
 
 
 def shape_of(site: Site, exp: Experiment) -> Shape:
-    return Shape(
-        exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, probe_steps(site, exp), exp.mode
-    )
+    return Shape(exp.nodes, exp.tasks_per_node or site.probe.tasks_per_node, probe_steps(site, exp), exp.mode)
 
 
 @dataclass

@@ -166,3 +166,33 @@ def test_the_cli_compares_one_directory(run_dir: Path, capsys: pytest.CaptureFix
     fault = run_dir / "experiments" / "slow-rank-sb" / "fault"
     assert main(["compare", str(fault), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["design"] == "switchback"
+
+
+def test_a_campaigns_in_job_tests_are_judged_as_one_family(run_dir: Path) -> None:
+    """Holm across the run's switchback experiments: each p-value adjusted, its verdict resting on it."""
+    from slurm_chaos.analysis.report import analyse_run
+
+    report = analyse_run(run_dir, switches={})
+    by_name = {a.result.name: a for a in report.analyses}
+    slow, placebo, between = by_name["slow-rank-sb"], by_name["placebo-sb"], by_name["cpu-hog"]
+    assert slow.switchback is not None and placebo.switchback is not None
+    for a in (slow, placebo):
+        assert a.switchback is not None and a.switchback.family == 2
+        assert a.result.p_adjusted == a.switchback.p_adjusted
+        assert a.result.p_adjusted is not None and a.result.p_adjusted >= a.switchback.p_value
+    assert between.result.p_adjusted is None  # between runs: not an in-job test
+    assert slow.result.verdict is Verdict.PASSED and slow.switchback.significant
+    assert slow.result.to_json()["p_adjusted"] == pytest.approx(slow.result.p_adjusted)
+
+
+def test_a_call_that_holds_alone_but_not_in_the_family_is_inconclusive(run_dir: Path) -> None:
+    a = analyse_experiment(run_dir / "experiments" / "slow-rank-sb", "slow-rank-sb")
+    sb = a.switchback
+    assert sb is not None and sb.significant
+    kept = sb.adjusted(sb.p_value * 3, 3)
+    assert kept.significant and kept.p_adjusted == sb.p_value * 3 and kept.family == 3
+    lost = sb.adjusted(0.02, 3)
+    assert not lost.significant and lost.effect.value == "inconclusive"
+    assert "after Holm's adjustment across the campaign's 3 in-job tests" in lost.reason
+    assert lost.comparison().inconclusive_reason == lost.reason
+    assert lost.to_json()["p_adjusted"] == 0.02
