@@ -79,9 +79,10 @@ def timed(fn: Any, *args: Any, **kw: Any) -> tuple[float, Any]:
     return time.monotonic() - t0, out
 
 
-def fill_site(initialised: Path, out: Path) -> Path:
-    """`site init`'s draft with every TODO answered as the shipped sandbox config answers it."""
-    reference = load_site(SHIPPED_SITE, site_placeholders)
+def fill_site(initialised: Path, out: Path, sandbox: str) -> Path:
+    """`site init`'s draft with every TODO answered as the shipped sandbox config answers it
+    (the shipped config's placeholders filled from sandbox `sandbox`, the one being measured)."""
+    reference = load_site(SHIPPED_SITE, lambda _name: site_placeholders(sandbox))
     mon = reference.monitoring
     answers: dict[str, Any] = {
         "slurm.hooks_dir": reference.slurm.hooks_dir,
@@ -198,7 +199,7 @@ def one_size(name: str, nodes: int, work: Path) -> dict[str, Any]:
     site_dir = work / f"site-{nodes}"
     site_dir.mkdir()
     cli("site", "init", "--out", str(site_dir / "init.yaml"), env=env)
-    site = fill_site(site_dir / "init.yaml", site_dir / "site.yaml")
+    site = fill_site(site_dir / "init.yaml", site_dir / "site.yaml", name)
     cli("plugin", "install", "--site", str(site), "--prefix", str(layout.root / "prefix"), env=env)
     row["queries_per_tick"] = queries_per_tick(env, min(nodes, 16))
     out = work / f"run-{nodes}"
