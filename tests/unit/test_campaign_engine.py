@@ -576,6 +576,7 @@ def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
 # ------------------------------------------------------------------ switchback
 
 SWITCHBACK = DATA / "experiments" / "slow-rank-switchback.yaml"
+BETWEEN = DATA / "experiments" / "slow-rank-between-runs.yaml"
 
 
 def test_a_switchback_experiment_writes_its_schedule_and_runs_no_baseline(
@@ -625,19 +626,21 @@ def test_a_resumed_switchback_experiment_gets_the_same_schedule(
 def test_a_between_runs_experiment_has_no_schedule(
     site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
 ) -> None:
-    camp = campaign(site, fake, clock, tmp_path, "slow-rank")
+    camp = campaign(site, fake, clock, tmp_path, str(BETWEEN))
     run_experiment(camp, camp.experiments[0])
     assert [s.script.name for s in fake.submissions if s.script] == [
         "n2-t2-s300-train.sbatch",
         "fault.sbatch",
     ]
-    assert rundir.read_schedule(rundir.experiment_dir(camp.run_dir, "slow-rank") / "fault") is None
+    assert (
+        rundir.read_schedule(rundir.experiment_dir(camp.run_dir, "slow-rank-between-runs") / "fault") is None
+    )
 
 
 def test_the_plan_names_the_design_and_no_baseline_for_a_switchback_experiment(site: Site) -> None:
     from slurm_chaos.campaign.commands import describe_plan
 
-    plan = describe_plan(site, [load_experiment(str(SWITCHBACK)), load_experiment("slow-rank")])
-    assert "baseline n2-t2-s300-train: shared by slow-rank\n" in plan
+    plan = describe_plan(site, [load_experiment(str(SWITCHBACK)), load_experiment(str(BETWEEN))])
+    assert "baseline n2-t2-s300-train: shared by slow-rank-between-runs\n" in plan
     rows = {line.split()[0]: line.split()[3] for line in plan.split("\nEXPERIMENT")[1].splitlines()[1:]}
-    assert rows == {"slow-rank-switchback": "switchback", "slow-rank": "between-runs"}
+    assert rows == {"slow-rank-switchback": "switchback", "slow-rank-between-runs": "between-runs"}

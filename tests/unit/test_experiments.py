@@ -69,7 +69,10 @@ def test_dry_run_plan_shares_one_baseline_per_job_shape() -> None:
     assert len(baselines) == 2, plan
     assert "baseline n2-t2-s600-train: shared by checkpoint-hang" in baselines
     (shared,) = (b for b in baselines if "s300" in b)
-    assert "control-aa" in shared and "rack-loss" in shared and "checkpoint-hang" not in shared
+    assert "rack-loss" in shared and "checkpoint-hang" not in shared
+    # Judged inside their own job, the switchback experiments share no baseline: they have none.
+    for name in ("control-aa", "slow-rank", "noisy-neighbour", "network-degradation", "known-slow-node"):
+        assert name not in shared, plan
 
 
 def test_unknown_experiment_and_suite_are_usage_errors() -> None:
@@ -139,12 +142,14 @@ def test_the_default_design(tmp_path: Path, spec: str | None, design: Design) ->
     assert load_experiment_file(_experiment(tmp_path, spec)).design is design
 
 
-def test_shipped_reversible_experiments_stay_between_runs_until_the_probe_toggles() -> None:
+def test_shipped_reversible_experiments_are_judged_inside_their_job() -> None:
     for name, path in available().items():
         exp = load_experiment_file(path)
-        assert exp.design is Design.BETWEEN_RUNS, name
-        if exp.fault.spec and set(spec_fault_names(exp.fault.spec)) <= REVERSIBLE:
-            assert "design: between-runs" in path.read_text(), name  # said, not defaulted
+        reversible = bool(exp.fault.spec) and set(spec_fault_names(exp.fault.spec or "")) <= REVERSIBLE
+        if reversible or name == "control-aa":  # the A/A control is a placebo switchback
+            assert exp.design is Design.SWITCHBACK, name
+        else:
+            assert exp.design is Design.BETWEEN_RUNS, name
 
 
 def test_design_window_is_refused_as_not_available_yet(tmp_path: Path) -> None:

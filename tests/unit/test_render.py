@@ -14,6 +14,7 @@ from slurm_chaos.errors import UsageError
 from slurm_chaos.experiment import Design, Experiment, Fault, load_experiment
 from slurm_chaos.faults.spec import canonical_spec
 from slurm_chaos.render import (
+    SWITCHBACK_STEPS,
     fault_schedule,
     fault_spec,
     render_experiment,
@@ -30,6 +31,7 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 
 
 SWITCHBACK = DATA / "experiments" / "slow-rank-switchback.yaml"
+BETWEEN = DATA / "experiments" / "slow-rank-between-runs.yaml"
 
 
 @pytest.mark.parametrize(
@@ -70,9 +72,9 @@ def test_a_switchback_fault_job_follows_its_schedule(tmp_path: Path) -> None:
     assert schedule is not None and schedule.seed == switchback_seed("r1", exp.name)
     assert schedule.affected_ranks == (1,) and not schedule.placebo
     steps = int(text.split("--steps ")[1].split()[0])
-    assert steps >= schedule.end_step and steps == site.probe.steps
+    assert steps >= schedule.end_step and steps == max(site.probe.steps, SWITCHBACK_STEPS)
     # A between-runs job of the same fault has neither.
-    between = render_job(site, load_experiment("slow-rank"), "fault", Path("/r/fault"), "r1")
+    between = render_job(site, load_experiment(str(BETWEEN)), "fault", Path("/r/fault"), "r1")
     assert "--fault-schedule" not in between and "control=" not in between
     script = tmp_path / "fault.sbatch"
     script.write_text(text)
@@ -85,7 +87,7 @@ def test_the_schedule_is_drawn_from_the_run_and_the_experiment() -> None:
     assert fault_schedule(site, exp, "r1") == fault_schedule(site, exp, "r1")
     assert switchback_seed("r1", exp.name) != switchback_seed("r2", exp.name)
     assert switchback_seed("r1", exp.name) != switchback_seed("r1", "other")
-    assert fault_schedule(site, load_experiment("slow-rank"), "r1") is None
+    assert fault_schedule(site, load_experiment(str(BETWEEN)), "r1") is None
 
 
 def test_a_switchback_placebo_has_a_schedule_and_no_fault(tmp_path: Path) -> None:
