@@ -7,6 +7,7 @@ named by the user. Validated against `schemas/experiment.schema.json`.
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -77,8 +78,16 @@ class Remediation(StrEnum):
     AVOID_SLOW_NODE = "avoid_slow_node"
 
 
+#: The ``fault.target`` keys, each the catalogue key of the same name (``rank``, ``node``, ``switch``).
+TARGET_KEYS = ("rank", "node", "switch")
+
+
 @dataclass(frozen=True)
 class Target:
+    """Where the fault acts, as the SPEC's own ``rank``/``node``/``switch`` keys say it: the loader
+    writes each one into the faults of the SPEC that have the key and do not give it, and refuses a
+    SPEC that gives another value or has no fault with the key (`_targeted_spec`)."""
+
     rank: int | None = None
     node: int | None = None
     switch: str | None = None
@@ -86,15 +95,31 @@ class Target:
 
 @dataclass(frozen=True)
 class Fault:
+    """The fault's SPEC (the target written in; None for a control) and where it acts."""
+
     spec: str | None
     target: Target = field(default_factory=Target)
-    start_after_s: float = 0.0
-    duration_s: float | None = None
+
+
+#: Keys the experiment format once had that nothing acted on, and what says the same thing now.
+REMOVED_FAULT_KEYS = {
+    "duration_s": (
+        "no longer a key (nothing acted on it): a between-runs fault is on for the whole fault job, "
+        "a switchback fault follows its schedule (design: switchback), a controller fault fires once "
+        "(after= or at_step= in its SPEC); drop the key"
+    ),
+    "start_after_s": (
+        "no longer a key (nothing acted on it): a fault that can wait says so in its SPEC "
+        "(after=DURATION, and for node-drain, node-down and rack-loss at_step=N); drop the key"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """The steady state: training within this much of its baseline."""
+    """The steady state: training within this much of its baseline.
+
+    ``min_busbw_gbps`` is recorded, not yet judged: no verdict reads it (site detectors will)."""
 
     max_regression: float = 0.05
     min_busbw_gbps: float | None = None
@@ -172,6 +197,7 @@ def load_experiment_file(path: Path) -> Experiment:
         raise ConfigError(str(path), "", f"malformed YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", "expected a mapping at the top level")
+    _check_removed_keys(path, data.get("fault"))
     errors = sorted(
         jsonschema.Draft202012Validator(_schema()).iter_errors(data), key=lambda e: len(e.absolute_path)
     )
@@ -179,12 +205,8 @@ def load_experiment_file(path: Path) -> Experiment:
         key, problem = _describe(errors[0])
         raise ConfigError(str(path), key, problem)
     f = data["fault"]
-    fault = Fault(
-        spec=f["spec"],
-        target=Target(**f.get("target", {})),
-        start_after_s=float(f.get("start_after_s", 0)),
-        duration_s=f.get("duration_s"),
-    )
+    target = Target(**f.get("target", {}))
+    fault = Fault(spec=_targeted_spec(path, f["spec"], target), target=target)
     e = data["expect"]
     _check_signal_kinds(path, e.get("detect", ()))
     expect = Expect(
@@ -208,6 +230,79 @@ def load_experiment_file(path: Path) -> Experiment:
         hypothesis=Hypothesis(**data.get("hypothesis", {})),
         design=design,
     )
+
+
+def _check_removed_keys(path: Path, fault: object) -> None:
+    """Refuse a key of `REMOVED_FAULT_KEYS`, saying what to use instead (before the schema, which
+    would only call it unknown)."""
+    if not isinstance(fault, dict):
+        return
+    for key, problem in REMOVED_FAULT_KEYS.items():
+        if key in fault:
+            raise ConfigError(str(path), f"fault.{key}", problem)
+
+
+def _targeted_spec(path: Path, spec: str | None, target: Target) -> str | None:
+    """The SPEC with ``target`` written in: each of its ``rank``/``node``/``switch`` set on every fault
+    of the SPEC that has that catalogue key and does not give it (canonical text for those faults,
+    the rest as written). Refused, naming the file and the ``fault.target`` key: a target on a
+    control (no SPEC), a SPEC fault that gives another value, a target key no fault of the SPEC has
+    (such a fault acts on every node or task of the job; the target would not say what it does)."""
+    from slurm_chaos.faults.catalogue import load_catalogue
+    from slurm_chaos.faults.spec import SpecError, parse_spec
+
+    given = {k: getattr(target, k) for k in TARGET_KEYS if getattr(target, k) is not None}
+    if not given:
+        return spec
+    if spec is None:
+        raise ConfigError(
+            str(path), f"fault.target.{next(iter(given))}", "a control (spec: null) injects nothing to target"
+        )
+    catalogue = load_catalogue()
+    pieces = spec.split("+")
+    written: set[int] = set()
+    for k, value in given.items():
+        key = f"fault.target.{k}"
+        holders = 0
+        for i, piece in enumerate(pieces):
+            name, colon, rest = piece.partition(":")
+            fault = catalogue.get(name)
+            spec_key = None if fault is None else fault.key(k)
+            if spec_key is None:
+                continue
+            holders += 1
+            try:
+                text = spec_key.format(spec_key.parse(str(value)))
+            except ValueError as exc:
+                raise ConfigError(str(path), key, f"{value!r} is not a {name} {k}: {exc}") from exc
+            if k not in {item.partition("=")[0] for item in rest.split(",")}:  # the grammar's KEY=VALUE
+                pieces[i] = f"{piece}{',' if colon and rest else ':'}{k}={text}"
+                written.add(i)
+        if not holders:
+            with_key = [f.name for f in catalogue.faults if f.key(k) is not None]
+            raise ConfigError(
+                str(path),
+                key,
+                f"no fault of the SPEC {spec!r} has a {k!r} key (faults with one: {', '.join(with_key)}); "
+                f"it acts where its SPEC says, not on one {k}: drop {key}",
+            )
+    try:  # placeholders (${checkpoint_dir}) stand for paths; no targeted fault has a path key
+        requests = parse_spec(string.Template("+".join(pieces)).safe_substitute(checkpoint_dir="/c"))
+    except SpecError as exc:
+        raise ConfigError(str(path), "fault.spec", exc.problem) from exc
+    for k, value in given.items():
+        for r in requests:
+            spec_key = r.fault.key(k)
+            have = None if spec_key is None else r.get(k)  # written in above where not given
+            if spec_key is None or have is None or have == spec_key.parse(str(value)):
+                continue
+            raise ConfigError(
+                str(path),
+                f"fault.target.{k}",
+                f"fault.target.{k} is {value!r} but the SPEC says {r.name}:{k}={spec_key.format(have)}; "
+                f"make them agree or drop fault.target.{k}",
+            )
+    return "+".join(requests[i].format() if i in written else p for i, p in enumerate(pieces))
 
 
 def spec_fault_names(spec: str) -> tuple[str, ...]:
@@ -265,14 +360,6 @@ def _design(path: Path, given: str | None, fault: Fault) -> Design:
                     f"switchback needs a reversible fault; {name!r} cannot be turned on and off "
                     f"inside a job (reversible: {', '.join(reversible)}); use design: between-runs",
                 )
-    for key, value in (("start_after_s", fault.start_after_s), ("duration_s", fault.duration_s)):
-        if value:
-            raise ConfigError(
-                str(path),
-                f"fault.{key}",
-                "a switchback schedule decides when the fault is on; "
-                "drop the key or use design: between-runs",
-            )
     return design
 
 
@@ -382,8 +469,6 @@ def experiment_json(exp: Experiment) -> dict[str, Any]:
         "design": str(exp.design),
         "spec": exp.fault.spec,
         "target": {"rank": t.rank, "node": t.node, "switch": t.switch},
-        "start_after_s": exp.fault.start_after_s,
-        "duration_s": exp.fault.duration_s,
         "hypothesis": {
             "max_regression": exp.hypothesis.max_regression,
             "min_busbw_gbps": exp.hypothesis.min_busbw_gbps,

@@ -190,7 +190,7 @@ def controller_faults(site: Site, exp: Experiment, run_id: str) -> tuple[TimedFa
         if "at_step" in given:
             timed.append(TimedFault(0.0, r, int(given["at_step"])))
         else:
-            timed.append(TimedFault(float(r.resolved().get("after", exp.fault.start_after_s)), r))
+            timed.append(TimedFault(float(r.resolved().get("after", 0.0)), r))
     # Step-triggered faults come after the timed ones with no delay, in the order of their steps.
     return tuple(sorted(timed, key=lambda t: (t.at_step is not None, t.at_step or 0, t.after_s)))
 

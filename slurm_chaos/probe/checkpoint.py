@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_chaos.clock import Clock, SystemClock
+
 _CKPT_FILE = re.compile(r"^ckpt-step(\d+)-rank(\d+)\.pt$")
 
 SaveFn = Callable[[Any], bytes]
@@ -96,7 +98,9 @@ class Checkpointer:
         keep: int = 2,
         timeout_s: float = 60.0,
         save: SaveFn = _torch_save,
+        clock: Clock | None = None,
     ) -> None:
+        self.clock: Clock = clock or SystemClock()  # a write's age (its hang) and how long it took
         self.directory = directory
         self.rank = rank
         self.keep = keep
@@ -122,7 +126,7 @@ class Checkpointer:
             self._report("checkpoint_skipped", f"step {step}: write of step {self._busy.step} still running")
             return False
         state = snapshot()
-        write = _Write(step, time.monotonic())
+        write = _Write(step, self.clock.monotonic())
         self._busy = write
         threading.Thread(target=self._run, args=(write, state), daemon=True, name="probe-checkpoint").start()
         return True
@@ -137,7 +141,7 @@ class Checkpointer:
     def _check_hang(self) -> None:
         w = self._busy
         if w is not None and not w.done.is_set() and not w.hang_reported:
-            age = time.monotonic() - w.started
+            age = self.clock.monotonic() - w.started
             if age > self.timeout_s:
                 w.hang_reported = True
                 self._report(
@@ -157,7 +161,7 @@ class Checkpointer:
             self._events.append((time.time(), kind, detail))
 
     def _run(self, write: _Write, state: Any) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         try:
             path = self._write(write.step, state)
             self._prune()
@@ -166,7 +170,8 @@ class Checkpointer:
         else:
             late = " (after a hang)" if write.hang_reported else ""
             self._report(
-                "checkpoint_saved", f"step {write.step}: {path.name} in {time.monotonic() - t0:.3f} s{late}"
+                "checkpoint_saved",
+                f"step {write.step}: {path.name} in {self.clock.monotonic() - t0:.3f} s{late}",
             )
         finally:
             write.done.set()

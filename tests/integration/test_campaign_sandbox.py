@@ -179,7 +179,6 @@ nodes: 2
 requeue: true
 fault:
   spec: "noisy-neighbour:cpus=1+node-drain:after=4s,node=1"
-  target: {node: 0}
 expect:
   regression: false
 """

@@ -213,7 +213,7 @@ class Cluster:
     def snapshot(self, node: str) -> dict[str, object]:
         """What a fault may change on a node, read from inside its namespaces."""
         pid = self.slurmd_pid(node)
-        qdisc = self.in_node(node, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        qdisc = self.qdisc(node)
         mounts = sorted(
             " ".join(line.split()[3:5]) for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
         )
@@ -249,6 +249,18 @@ class Cluster:
             # been evaluated, so a sandbox just brought up may show either): not a change of the node.
             "state": "idle" if state.rstrip("*") == "reserved" else state,
         }
+
+    def qdisc(self, node: str) -> str:
+        return self.in_node(node, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+    def marked(self, node: str) -> list[int]:
+        """The node's processes started by a fault (MARKER_ENV in their environment)."""
+        net = node_proc.ns_inode(self.slurmd_pid(node), "net")
+        return [
+            p
+            for p in node_proc.pids()
+            if node_proc.ns_inode(p, "net") == net and MARKER_ENV in node_proc.environ(p)
+        ]
 
     def cgroups(self, node: str) -> list[str]:
         return leftover_cgroups(self.root.name, node)
@@ -720,10 +732,15 @@ def test_scancel_mid_fault_leaves_nothing_behind(cluster: Cluster) -> None:
     job = cluster.submit("srun -N2 -n2 sleep 300\n", SLEEP_SPEC.format(ckpt=ckpt), "-N2", "-w", "node[1-2]")
     cluster.wait_state(job, {"RUNNING"})
     cluster.wait_agent(job, "node1")
-    time.sleep(3)  # the tasks exist and the duty cycle has caught rank 0
-    during = cluster.snapshot("node1")
-    assert "cafe:" in str(during["qdisc"]) and during["marked"], during
-    assert "duty cycle" in cluster.journal("node1", job)
+
+    def faults_on() -> bool:  # the qdisc, the noisy neighbour, and the duty cycle caught rank 0
+        return (
+            "duty cycle" in cluster.journal("node1", job)
+            and "cafe:" in cluster.qdisc("node1")
+            and bool(cluster.marked("node1"))
+        )
+
+    wait_until(faults_on, timeout=30, interval=0.2)
     assert cluster.run(["scancel", job]).ok
     cluster.wait_done(job, nodes)
     assert cluster.snapshots(nodes) == before

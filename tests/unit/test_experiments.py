@@ -13,6 +13,7 @@ from slurm_chaos.experiment import (
     NOT_YET_AVAILABLE,
     SCHEMA_PATH,
     Design,
+    Target,
     available,
     experiment_json,
     load_experiment,
@@ -177,13 +178,152 @@ def test_switchback_without_a_fault_is_a_placebo(tmp_path: Path) -> None:
     assert experiment_json(exp)["design"] == "switchback"
 
 
-def test_a_switchback_schedule_decides_when_the_fault_is_on(tmp_path: Path) -> None:
-    p = _experiment(tmp_path, "slow-rank:rank=1", "switchback", ", duration_s: 30")
+@pytest.mark.parametrize(("key", "instead"), [("duration_s", "whole fault job"), ("start_after_s", "after=")])
+@pytest.mark.parametrize("design", ["switchback", "between-runs"])
+def test_the_removed_timing_keys_are_refused_saying_what_to_use(
+    tmp_path: Path, key: str, instead: str, design: str
+) -> None:
+    p = _experiment(tmp_path, "slow-rank:rank=1", design, f", {key}: 30")
     with pytest.raises(ConfigError) as exc:
         load_experiment_file(p)
-    assert exc.value.key == "fault.duration_s"
-    # between runs the same keys mean what they meant
-    assert load_experiment_file(_experiment(tmp_path, "slow-rank:rank=1", "between-runs", ", duration_s: 30"))
+    assert (exc.value.path, exc.value.key) == (str(p), f"fault.{key}")
+    assert instead in exc.value.problem and exc.value.exit_code == 2
+
+
+def test_an_experiment_json_has_no_removed_timing_keys() -> None:
+    data = experiment_json(load_experiment("slow-rank"))
+    assert "duration_s" not in data and "start_after_s" not in data
+    assert data["target"] == {"rank": 1, "node": None, "switch": None}
+
+
+def test_the_schema_no_longer_knows_the_removed_keys() -> None:
+    from slurm_chaos.experiment import REMOVED_FAULT_KEYS
+
+    fault = json.loads(SCHEMA_PATH.read_text())["properties"]["fault"]["properties"]
+    assert not set(REMOVED_FAULT_KEYS) & set(fault)
+
+
+# --- fault.target: written into the SPEC, never contradicting it -------------------------------
+
+
+def _targeted(tmp_path: Path, spec: str | None, target: str) -> Path:
+    return _experiment(tmp_path, spec, "between-runs", f", target: {{{target}}}")
+
+
+@pytest.mark.parametrize(
+    ("spec", "target", "written"),
+    [
+        ("slow-rank:percent=60", "rank: 1", "slow-rank:rank=1,percent=60"),
+        ("slow-rank:rank=1,percent=60", "rank: 1", "slow-rank:rank=1,percent=60"),  # agrees: as written
+        ("slow-node", "node: 1", "slow-node:node=1"),
+        ("rack-loss:at_step=60", "switch: sw2", "rack-loss:switch=sw2,at_step=60"),
+        # every fault with the key gets it; the others are left as written
+        ("netem:delay=4ms+slow-node:percent=30", "node: 1", "netem:delay=4ms+slow-node:node=1,percent=30"),
+        ("slow-node+node-drain:at_step=60", "node: 1", "slow-node:node=1+node-drain:at_step=60,node=1"),
+        (
+            "ckpt-eio:path=${checkpoint_dir}+slow-rank",
+            "rank: 3",
+            "ckpt-eio:path=${checkpoint_dir}+slow-rank:rank=3",
+        ),
+    ],
+)
+def test_the_target_is_written_into_the_spec(tmp_path: Path, spec: str, target: str, written: str) -> None:
+    exp = load_experiment_file(_targeted(tmp_path, spec, target))
+    assert exp.fault.spec == written
+    site = load_site(DATA / "sites" / "golden.yaml")
+    rendered = fault_spec(site, exp, "fault", "r1")
+    assert rendered is not None and parse_spec(rendered)
+    assert experiment_json(exp)["spec"] == written
+
+
+def test_a_switchback_target_rank_is_the_specs_and_the_schedules(tmp_path: Path) -> None:
+    exp = load_experiment_file(
+        _experiment(tmp_path, "slow-rank:percent=60", "switchback", ", target: {rank: 1}")
+    )
+    site = load_site(DATA / "sites" / "golden.yaml")
+    assert fault_spec(site, exp, "fault", "r1") == "slow-rank:rank=1,percent=60,control=switchback"
+    schedule = fault_schedule(site, exp, "r1")
+    assert schedule is not None and schedule.affected_ranks == (1,)
+
+
+@pytest.mark.parametrize(
+    ("spec", "target", "key", "said"),
+    [
+        ("slow-rank:rank=1", "rank: 2", "rank", "slow-rank:rank=1"),
+        ("slow-node:node=0", "node: 1", "node", "slow-node:node=0"),
+        ("rack-loss:switch=sw1", "switch: sw2", "switch", "rack-loss:switch=sw1"),
+        ("noisy-neighbour:cpus=1+node-drain:after=4s,node=1", "node: 0", "node", "node-drain:node=1"),
+    ],
+)
+def test_a_spec_that_contradicts_the_target_is_refused(
+    tmp_path: Path, spec: str, target: str, key: str, said: str
+) -> None:
+    p = _targeted(tmp_path, spec, target)
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert (exc.value.path, exc.value.key) == (str(p), f"fault.target.{key}")
+    assert said in exc.value.problem and str(p) in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "target", "key"),
+    [
+        ("netem:delay=4ms,rate=4M", "node: 0", "node"),  # netem acts on every node of the job
+        ("numa-mismatch", "rank: 1", "rank"),  # and numa-mismatch on every task
+        ("noisy-neighbour:cpus=1", "node: 0", "node"),
+        ("slow-node", "rank: 1", "rank"),
+        ("slow-rank", "switch: sw1", "switch"),
+    ],
+)
+def test_a_target_no_fault_of_the_spec_has_is_refused(
+    tmp_path: Path, spec: str, target: str, key: str
+) -> None:
+    p = _targeted(tmp_path, spec, target)
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert (exc.value.path, exc.value.key) == (str(p), f"fault.target.{key}")
+    assert f"no fault of the SPEC {spec!r} has a {key!r} key" in exc.value.problem
+
+
+def test_a_target_on_a_control_or_out_of_range_is_refused(tmp_path: Path) -> None:
+    p = _targeted(tmp_path, None, "node: 0")
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert exc.value.key == "fault.target.node" and "control" in exc.value.problem
+    p = _targeted(tmp_path, "slow-node", "node: 70000")  # the catalogue's max is 65535
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert exc.value.key == "fault.target.node"
+
+
+def test_a_bad_spec_under_a_target_names_fault_spec(tmp_path: Path) -> None:
+    p = _targeted(tmp_path, "slow-rank:rank=x", "rank: 1")
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(p)
+    assert exc.value.key == "fault.spec"
+
+
+def test_the_cli_exits_2_naming_file_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from slurm_chaos.cli import main
+
+    p = _targeted(tmp_path, "netem:delay=4ms", "node: 0")
+    site = DATA / "sites" / "golden.yaml"
+    code = main(["render", "--site", str(site), "--experiment", str(p), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert f"{p}: fault.target.node:" in capsys.readouterr().err
+
+
+def test_shipped_targets_agree_with_their_specs() -> None:
+    for name, path in available().items():
+        exp = load_experiment_file(path)
+        spec = exp.fault.spec or ""
+        t = exp.fault.target
+        if t.rank is not None:
+            assert f"rank={t.rank}" in spec, name
+        if t.node is not None:
+            assert f"node={t.node}" in spec, name
+    for name in ("network-degradation", "numa-mismatch", "noisy-neighbour"):  # every node or task
+        assert load_experiment(name).fault.target == Target(), name
 
 
 def test_an_unknown_design_names_the_key(tmp_path: Path) -> None:

@@ -16,9 +16,12 @@ import pytest
 
 PRELOAD = Path(__file__).resolve().parents[2] / "preload"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("cc") is None or shutil.which("make") is None, reason="needs cc and make"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("cc") is None or shutil.which("make") is None, reason="needs cc and make"
+    ),
+    pytest.mark.spawns,
+]
 
 # Each runs as "NAME: ok" (preloaded) and "san NAME: ok" (linked, ASan+UBSan).
 SCENARIOS = (

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from waiting import wait_until
 
+from slurm_chaos.clock import FakeClock
 from slurm_chaos.probe import checkpoint as ckpt
 
 
@@ -63,18 +65,19 @@ def test_hung_write_is_reported_and_not_doubled(tmp_path: Path) -> None:
         release.wait(30)
         return b"late but fine"
 
-    c = ckpt.Checkpointer(tmp_path, rank=0, timeout_s=0.2, save=slow_save)
+    clock = FakeClock()
+    c = ckpt.Checkpointer(tmp_path, rank=0, timeout_s=0.2, save=slow_save, clock=clock)
     assert c.start(10, lambda: _state())
-    time.sleep(0.4)
+    wait_until(lambda: calls)  # the write is under way
+    clock.advance(0.1)
+    assert c.poll() == []  # not yet past the timeout
+    clock.advance(0.2)
     copies: list[int] = []
     assert not c.start(20, lambda: copies.append(1))  # the interval comes while the write hangs: skipped
     assert copies == []  # and the training thread did not even copy the state
     events = c.poll()
-    kinds = [k for _, k, _ in events]
-    assert kinds == ["checkpoint_skipped", "checkpoint_hang"] or kinds == [
-        "checkpoint_hang",
-        "checkpoint_skipped",
-    ]
+    assert [k for _, k, _ in events] == ["checkpoint_hang", "checkpoint_skipped"]
+    assert "still writing after 0.3 s (timeout 0.2 s)" in events[0][2]
     assert len(calls) == 1
     release.set()
     assert c.wait(10)

@@ -28,6 +28,7 @@ def _summary(stdout: str) -> dict[str, object]:
     return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.spawns
 def test_two_ranks_write_consistent_files(tmp_path: Path) -> None:
     t0 = time.time()
     results = run_local(2, ["--steps", "20", "--out", str(tmp_path), "--progress-every", "5"])
@@ -68,6 +69,7 @@ def _wait_for_steps(path: Path, at_least: int, timeout: float = 120) -> None:
     raise AssertionError(f"{path}: fewer than {at_least} steps after {timeout} s")
 
 
+@pytest.mark.spawns
 def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: Path) -> None:
     procs = start_ranks(2, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
     path = tmp_path / "rank-1.h5"
@@ -89,6 +91,7 @@ def test_killed_rank_leaves_readable_file_and_peer_exits_with_reason(tmp_path: P
     assert len(survivor.step) >= len(dead.step)
 
 
+@pytest.mark.spawns
 def test_hung_peer_fails_the_rank_after_the_collective_timeout(tmp_path: Path) -> None:
     args = [
         "--steps",
@@ -114,6 +117,7 @@ def test_hung_peer_fails_the_rank_after_the_collective_timeout(tmp_path: Path) -
     assert read_rank(tmp_path / "rank-0.h5").attrs["complete"] is True
 
 
+@pytest.mark.spawns
 def test_sigterm_closes_the_file(tmp_path: Path) -> None:
     (proc,) = start_ranks(1, ["--steps", "100000", "--out", str(tmp_path), "--flush-interval", "0.2", *QUIET])
     _wait_for_steps(tmp_path / "rank-0.h5", 5)
@@ -124,6 +128,7 @@ def test_sigterm_closes_the_file(tmp_path: Path) -> None:
     assert rk.attrs["exit_reason"] == "stopped by signal SIGTERM" and len(rk.step) > 0
 
 
+@pytest.mark.spawns
 def test_resume_records_lost_steps_and_matches_uninterrupted_run(tmp_path: Path) -> None:
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     common = ["--ckpt-dir", str(ckpt), "--ckpt-every", "10", *QUIET]
@@ -159,6 +164,7 @@ def readonly_dir(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(path)], check=True)
 
 
+@pytest.mark.spawns
 def test_failing_checkpoint_storage_does_not_stop_training(tmp_path: Path, readonly_dir: Path) -> None:
     results = run_local(
         2,
@@ -182,6 +188,7 @@ def test_failing_checkpoint_storage_does_not_stop_training(tmp_path: Path, reado
         assert len(failed) == 4 and all("EROFS" in e.detail for e in failed)
 
 
+@pytest.mark.spawns
 def test_allreduce_mode_reports_bandwidth(tmp_path: Path) -> None:
     results = run_local(
         2,
@@ -210,6 +217,7 @@ def test_allreduce_mode_reports_bandwidth(tmp_path: Path) -> None:
     assert float(str(_summary(results[0].stdout)["peak_busbw_gbps"])) > 0
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -228,6 +236,7 @@ def test_bad_arguments_exit_2(args: list[str], message: str) -> None:
     assert result.returncode == 2 and message in result.stderr
 
 
+@pytest.mark.spawns
 def test_rendezvous_timeout_exits_nonzero_naming_host(tmp_path: Path) -> None:
     (proc,) = start_ranks(2, ["--steps", "5", "--out", str(tmp_path), "--rendezvous-timeout", "2"], ranks=[1])
     (result,) = wait_ranks([proc], timeout=60)
@@ -251,6 +260,7 @@ def full_dir(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(path)], check=True)
 
 
+@pytest.mark.spawns
 def test_full_output_storage_fails_the_rank_clearly(full_dir: Path) -> None:
     (result,) = run_local(
         1, ["--steps", "5000", "--out", str(full_dir / "out"), "--flush-every", "1", *QUIET]
@@ -278,6 +288,7 @@ if sys.argv[1] == "leave":
 """
 
 
+@pytest.mark.spawns
 def test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch(tmp_path: Path) -> None:
     """A rank whose checkpoint writer is still inside torch when it ends must exit 0, not abort.
 
@@ -294,6 +305,7 @@ def test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch(tmp_path: Path
         assert res.stdout == "done\n" and "terminate called" not in res.stderr
 
 
+@pytest.mark.spawns
 def test_an_earlier_attempt_resuming_late_leaves_the_requeued_runs_files_alone(tmp_path: Path) -> None:
     """Ranks of a lost node carry on when it comes back, after the job was requeued and rerun
     elsewhere: they must not replace what the rerun recorded (a rack-loss verdict read them)."""
@@ -314,6 +326,7 @@ def test_an_earlier_attempt_resuming_late_leaves_the_requeued_runs_files_alone(t
     assert [len(rk.step) for rk in read_run(out).ranks] == [12, 12]
 
 
+@pytest.mark.spawns
 def test_a_held_job_trains_on_until_released_then_ends_completed(tmp_path: Path) -> None:
     """After its steps the job keeps training (the fault stays on) until the campaign's release
     file appears; every rank stops at the same step, and the run ends as a normal one."""
@@ -338,6 +351,7 @@ def test_a_held_job_trains_on_until_released_then_ends_completed(tmp_path: Path)
     assert _summary(results[0].stdout)["last_step"] == len(run.ranks[0].step) - 1
 
 
+@pytest.mark.spawns
 def test_a_hold_nobody_releases_ends_at_its_limit(tmp_path: Path) -> None:
     """A campaign that died never releases its job: the job ends by itself at the hold's limit."""
     out = tmp_path / "out"

@@ -324,6 +324,7 @@ def test_a_requeue_carries_fault_columns_over_and_fills_a_schema_2_attempts(tmp_
 # --- a real local run -------------------------------------------------------------------------
 
 
+@pytest.mark.spawns
 @as_root
 def test_a_local_probe_run_toggles_records_and_is_judged_on_its_schedule(
     tmp_path: Path, journal: Path

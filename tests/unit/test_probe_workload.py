@@ -51,6 +51,7 @@ def _reference_checksum(steps: int, seed: int, world: int) -> float:
     return t.checksum()
 
 
+@pytest.mark.spawns
 def test_two_ranks_train_like_ddp(tmp_path: Path) -> None:
     results = run_local(
         2,

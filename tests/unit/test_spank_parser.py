@@ -48,6 +48,7 @@ def chaos_spec() -> Path:
     return CHAOS_SPEC
 
 
+@pytest.mark.spawns
 @pytest.mark.skipif(not Path("/usr/include/slurm/spank.h").exists(), reason="needs spank.h (libslurm-dev)")
 def test_c_unit_tests_and_exported_symbols() -> None:
     result = _make("test")
@@ -56,6 +57,7 @@ def test_c_unit_tests_and_exported_symbols() -> None:
     assert "all expected" in result.stdout  # nm -D shows only the SPANK/loader symbols
 
 
+@pytest.mark.spawns
 def test_fuzz_smoke_under_sanitizers() -> None:
     result = _make("fuzz-smoke", "FUZZ_SECONDS=3")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -126,12 +128,14 @@ def corpus(n: int, seed: int) -> Iterator[str]:
             yield "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 30)))
 
 
+@pytest.mark.spawns
 def test_c_and_python_agree_on_valid_specs(chaos_spec: Path) -> None:
     answers = c_answers(chaos_spec, SEEDS)
     assert answers == [python_answer(s) for s in SEEDS]
     assert not any(a.startswith("error") for a in answers)
 
 
+@pytest.mark.spawns
 def test_c_and_python_agree_on_mutated_specs(chaos_spec: Path) -> None:
     specs = [s for s in corpus(3000, seed=20261130) if "\n" not in s]
     c_out = c_answers(chaos_spec, specs)
@@ -144,6 +148,7 @@ def test_c_and_python_agree_on_mutated_specs(chaos_spec: Path) -> None:
     assert 100 < sum(not a.startswith("error") for a in c_out) < len(specs) - 100
 
 
+@pytest.mark.spawns
 def test_c_and_python_agree_on_limits(chaos_spec: Path) -> None:
     specs = [
         "rack-loss:switch=" + "a" * 255,
@@ -159,6 +164,7 @@ def test_c_and_python_agree_on_limits(chaos_spec: Path) -> None:
     assert c_answers(chaos_spec, specs) == [python_answer(s) for s in specs]
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     "argv",
     [[], ["nccl-degrade:ib=off"], ["-e", "netem"], ["-x", "--", "netem"], ["-e", "-a", "--", "netem"]],
@@ -170,12 +176,14 @@ def test_spec_tool_operands_only_after_double_dash(chaos_spec: Path, argv: list[
     assert "usage: chaos-spec" in result.stderr
 
 
+@pytest.mark.spawns
 def test_spec_tool_takes_an_option_like_spec_as_a_spec(chaos_spec: Path) -> None:
     # The SPEC "-e" (what hypothesis found on a fresh seed) is a malformed SPEC, never the -e flag.
     assert c_answers(chaos_spec, ["-e", "netem"]) == [python_answer("-e"), python_answer("netem")]
     assert python_answer("-e").startswith("error:")
 
 
+@pytest.mark.spawns
 def test_task_environment_matches_python_resolved_values(chaos_spec: Path) -> None:
     spec = "nccl-degrade:ib=off,channels=2+netem:delay=250ms"
     lines = c_answers(chaos_spec, [spec], "-e")
@@ -310,6 +318,7 @@ def test_plugin_args_the_c_parser_would_refuse_are_caught(tmp_path: Path) -> Non
     assert runner.calls == []
 
 
+@pytest.mark.spawns
 def test_rendered_args_are_accepted_by_the_c_parser(chaos_spec: Path) -> None:
     from slurm_chaos.faults.plugin_install import PluginArgs
 
@@ -337,6 +346,7 @@ def _fake_sysfs(root: Path, nodes: dict[int, str], online: str) -> Path:
     return root
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("mode", "ncpus", "current", "expected"),
     [
@@ -353,6 +363,7 @@ def test_numa_mismatch_cpu_choice_on_a_multi_numa_node(
     assert c_answers(chaos_spec, [str(sysfs), mode, str(ncpus), current], "-n") == [expected]
 
 
+@pytest.mark.spawns
 def test_numa_mismatch_on_a_single_numa_node(chaos_spec: Path, tmp_path: Path) -> None:
     sysfs = _fake_sysfs(tmp_path, {0: "0-1"}, "0-1")
     assert c_answers(chaos_spec, [str(sysfs), "auto", "1", "0-1"], "-n") == ["cpus=1 node=-1"]
@@ -361,6 +372,7 @@ def test_numa_mismatch_on_a_single_numa_node(chaos_spec: Path, tmp_path: Path) -
     ]
 
 
+@pytest.mark.spawns
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     st.text(alphabet=ALPHABET, max_size=80) | st.sampled_from(SEEDS).map(lambda s: s + "," + s.split(":")[-1])
