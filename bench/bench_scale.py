@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from slurm_chaos.campaign.observe import Watcher
+from slurm_chaos.errors import SlurmError
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.runner import Completed, SubprocessRunner
 from slurm_chaos.sandbox.cluster import Sandbox
@@ -166,7 +167,10 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
     rescheduled = time.monotonic() - t_lost
     slurm.cancel([job])
     for node in leaves[lost]:
-        slurm.resume(node)
+        try:
+            slurm.resume(node)
+        except SlurmError as exc:  # back by itself already (ReturnToService): nothing to resume
+            print(f"bench_scale: resume {node}: {exc}", file=sys.stderr)
     return {
         "first_leaf": lost,
         "started_s": started,
