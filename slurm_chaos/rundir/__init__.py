@@ -44,6 +44,7 @@ from slurm_chaos.rundir.observations import (
     load_observations,
     observations_from_json,
     observations_to_json,
+    reference_signal,
     write_observations,
 )
 
@@ -76,6 +77,7 @@ __all__ = [
     "observations_from_json",
     "observations_to_json",
     "read_manifest",
+    "reference_signal",
     "write_calibration",
     "write_manifest",
     "write_observations",
