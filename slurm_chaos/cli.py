@@ -98,6 +98,7 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         assert isinstance(nodes, dict)
         for node, state in nodes.items():
             print(f"  {node:<16} {state}")
+        print(f"  {'health check':<16} {status['health']}")
     daemons = status["daemons"]
     assert isinstance(daemons, dict)
     return 0 if all(daemons.values()) else 1

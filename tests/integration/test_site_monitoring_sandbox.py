@@ -103,7 +103,7 @@ def test_nhc_as_the_health_check_program_detects_a_full_checkpoint_volume(
     by_nhc = [o for o in _observations(out, "checkpoint-full") if o["signal"] == "detector:nhc"]
     assert by_nhc, _observations(out, "checkpoint-full")
     # NHC's own check, on the job's checkpoint volume, in the reason NHC's helper gave Slurm.
-    assert any(": NHC: check_fs_free:  " in o["detail"] and "/checkpoints/" in o["detail"] for o in by_nhc)
+    assert any(": NHC: check_fs_free: " in o["detail"] and "/checkpoints/" in o["detail"] for o in by_nhc)
     # slurm-chaos's own health check did not run (switched off: it neither drained nor checked).
     assert not any(o["signal"] == "healthcheck_drain" for o in _observations(out, "checkpoint-full"))
     assert {p.name: p.stat().st_mtime for p in states.glob("*.json")} == ours_before

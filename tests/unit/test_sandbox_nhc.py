@@ -117,3 +117,26 @@ def test_the_wrapper_execs_the_installed_nhc_and_the_mode_switches(layout: Layou
     assert f"check_fs_free_below {layout.shared_dir / 'checkpoints'} 10%" in conf
     assert "* || check_ps_service munged" in conf
     assert f"node2 || check_file_test -d -w {layout.root / 'tmp' / 'node2'}" in conf
+
+
+def test_a_sandbox_switches_between_nhc_and_its_own_health_check(layout: Layout) -> None:
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    sb = Sandbox(layout.name)
+    sb.set_health(layout, "nhc")
+    assert nhc.health_mode(layout) == "nhc"
+    sb.set_health(layout, "slurm-chaos")
+    assert nhc.health_mode(layout) == "slurm-chaos"
+    text = (layout.etc / "healthcheck").read_text()
+    assert f"for hook in {layout.etc / 'healthcheck.d'}/*; do" in text
+    assert os.access(layout.etc / "healthcheck", os.X_OK)
+    assert not list(layout.etc.glob(".healthcheck*"))  # written whole, then renamed
+
+
+def test_up_refuses_an_unknown_health_mode(layout: Layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_chaos.errors import UsageError
+    from slurm_chaos.sandbox.cluster import Sandbox
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(UsageError, match="--health nagios: expected one of slurm-chaos, nhc"):
+        Sandbox(layout.name).up(install=False, health="nagios")
