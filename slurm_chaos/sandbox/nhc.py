@@ -151,7 +151,8 @@ def wrapper(layout: Layout, slurm_conf: Path | None = None) -> str:
         "cd / || exit 0\n"
         f"export PATH={SYSTEM_PATH} SLURM_CONF={shlex.quote(str(conf))}\n"
         'node="$(cat /proc/sys/kernel/hostname)"\n'
-        f'exec {shlex.join(args)} RESULTFILE={shlex.quote(str(d / "run"))}/"$node".status\n'
+        # slurmd passes no arguments; a test may add NHC variables (ONLINE_NODE=: ...).
+        f'exec {shlex.join(args)} RESULTFILE={shlex.quote(str(d / "run"))}/"$node".status "$@"\n'
     )
 
 

@@ -140,3 +140,29 @@ def test_up_refuses_an_unknown_health_mode(layout: Layout, monkeypatch: pytest.M
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with pytest.raises(UsageError, match="--health nagios: expected one of slurm-chaos, nhc"):
         Sandbox(layout.name).up(install=False, health="nagios")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a UTS namespace needs root")
+def test_the_wrapper_runs_nhc_as_slurmd_would_on_a_node(layout: Layout) -> None:
+    """etc/healthcheck run in a UTS namespace named node2 (as a sandbox node's slurmd runs it): NHC
+    takes the node's name from it (node2's own config line applies) and logs to the sandbox's log.
+    Marking is off (no Slurm)."""
+    hook = nhc.write_nhc_wrapper(layout)
+    conf = nhc.nhc_dir(layout) / "etc" / "nhc.conf"
+    conf.write_text(nhc.nhc_conf(layout, layout.shared_dir / "checkpoints", services=()))
+    script = 'hostname "$0" && exec "$@"'
+    marks = ["MARK_OFFLINE=0", "ONLINE_NODE=:", "OFFLINE_NODE=:"]
+
+    def on(node: str) -> subprocess.CompletedProcess[str]:
+        argv = ["unshare", "-u", "sh", "-c", script, node, str(hook), *marks]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={})
+
+    (layout.root / "tmp" / "node2").rmdir()  # node2's own line fails; node1's passes
+    assert on("node1").returncode == 0
+    log = layout.log_dir / "nhc.log"
+    assert "Health check failed" not in (log.read_text() if log.exists() else "")
+    res = on("node2")
+    assert res.returncode != 0, res.stdout + res.stderr
+    text = log.read_text()
+    assert "ERROR:  nhc:  Health check failed:  check_file_test:  " in text, text
+    assert str(layout.root / "tmp" / "node2") in text
