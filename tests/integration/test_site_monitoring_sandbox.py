@@ -89,8 +89,15 @@ def test_nhc_as_the_health_check_program_detects_a_full_checkpoint_volume(
         t0 = time.monotonic()
         res = _cli("run", "--site", str(site), "checkpoint-full", "--out", str(out), "-q", env=sandbox.env)
         took = time.monotonic() - t0
+        # NHC resumes the node it drained once the volume is gone (the job's epilog unmounts it).
+        after = _wait_nhc_resumed(sandbox.env)
     finally:
         sb.set_health(layout, "slurm-chaos")
+        for node, (_, reason) in _nodes(sandbox.env).items():
+            if reason.startswith("NHC:"):  # spoil no later test: nothing resumes it from now on
+                subprocess.run(
+                    ["scontrol", "update", f"nodename={node}", "state=resume"], env=sandbox.env, timeout=30
+                )
         _reinstall(sandbox, chaos_site)
     print(f"\ncheckpoint-full on NHC: {took:.0f} s")
     assert res.returncode == 0, res.stdout + res.stderr
@@ -107,8 +114,6 @@ def test_nhc_as_the_health_check_program_detects_a_full_checkpoint_volume(
     # slurm-chaos's own health check did not run (switched off: it neither drained nor checked).
     assert not any(o["signal"] == "healthcheck_drain" for o in _observations(out, "checkpoint-full"))
     assert {p.name: p.stat().st_mtime for p in states.glob("*.json")} == ours_before
-    # NHC resumes the node it drained once the volume is gone (the job's epilog unmounts it).
-    after = _wait_nhc_resumed(sandbox.env)
     assert not any(r.startswith("NHC:") for _, r in after.values()), after
 
 

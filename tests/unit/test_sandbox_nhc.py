@@ -18,7 +18,7 @@ import pytest
 from slurm_chaos.sandbox import nhc
 from slurm_chaos.sandbox.layout import Layout
 
-pytestmark = pytest.mark.skipif(
+needs_nhc = pytest.mark.skipif(
     nhc.nhc_source() is None or shutil.which("bash") is None,
     reason="LBNL NHC not found at ../shared/thirdparty/lbnl-nhc (a third-party tool for tests, not shipped)",
 )
@@ -54,6 +54,7 @@ def run_nhc(lay: Layout, node: str, *, mount_full: Path | None = None) -> subpro
     return subprocess.run(full, capture_output=True, text=True, timeout=60, env=env)
 
 
+@needs_nhc
 def test_a_healthy_node_passes_every_check(layout: Layout) -> None:
     nhc.install_nhc(layout)
     conf = nhc.nhc_dir(layout) / "etc" / "nhc.conf"
@@ -63,6 +64,7 @@ def test_a_healthy_node_passes_every_check(layout: Layout) -> None:
     assert "Health check failed" not in res.stdout + res.stderr
 
 
+@needs_nhc
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts need root")
 def test_a_full_checkpoint_volume_fails_nhcs_own_check_fs_free(layout: Layout) -> None:
     nhc.install_nhc(layout)
@@ -77,6 +79,7 @@ def test_a_full_checkpoint_volume_fails_nhcs_own_check_fs_free(layout: Layout) -
     assert "minimum is 10%" in out
 
 
+@needs_nhc
 def test_a_node_without_its_own_tmp_directory_fails_its_own_line_only(layout: Layout) -> None:
     nhc.install_nhc(layout)
     conf = nhc.nhc_dir(layout) / "etc" / "nhc.conf"
@@ -88,6 +91,7 @@ def test_a_node_without_its_own_tmp_directory_fails_its_own_line_only(layout: La
     assert "check_file_test" in res.stdout + res.stderr
 
 
+@needs_nhc
 def test_a_missing_service_fails(layout: Layout) -> None:
     nhc.install_nhc(layout)
     conf = nhc.nhc_dir(layout) / "etc" / "nhc.conf"
@@ -99,6 +103,7 @@ def test_a_missing_service_fails(layout: Layout) -> None:
     )
 
 
+@needs_nhc
 def test_the_wrapper_execs_the_installed_nhc_and_the_mode_switches(layout: Layout) -> None:
     (layout.etc / "healthcheck").write_text("#!/bin/bash\n# dispatcher\n")
     assert nhc.health_mode(layout) == "slurm-chaos"
@@ -119,6 +124,7 @@ def test_the_wrapper_execs_the_installed_nhc_and_the_mode_switches(layout: Layou
     assert f"node2 || check_file_test -d -w {layout.root / 'tmp' / 'node2'}" in conf
 
 
+@needs_nhc
 def test_a_sandbox_switches_between_nhc_and_its_own_health_check(layout: Layout) -> None:
     from slurm_chaos.sandbox.cluster import Sandbox
 
@@ -142,6 +148,7 @@ def test_up_refuses_an_unknown_health_mode(layout: Layout, monkeypatch: pytest.M
         Sandbox(layout.name).up(install=False, health="nagios")
 
 
+@needs_nhc
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a UTS namespace needs root")
 def test_the_wrapper_runs_nhc_as_slurmd_would_on_a_node(layout: Layout) -> None:
     """etc/healthcheck run in a UTS namespace named node2 (as a sandbox node's slurmd runs it): NHC
@@ -166,3 +173,30 @@ def test_the_wrapper_runs_nhc_as_slurmd_would_on_a_node(layout: Layout) -> None:
     text = log.read_text()
     assert "ERROR:  nhc:  Health check failed:  check_file_test:  " in text, text
     assert str(layout.root / "tmp" / "node2") in text
+
+
+def test_the_nhc_site_config_declares_nhc_and_switches_its_own_health_check_off() -> None:
+    from slurm_chaos.site import load_site
+
+    values = {k: f"/sb/{k}" for k in ("sandbox_root", "sandbox_shared", "sandbox_slurm_conf", "sandbox_etc")}
+    values |= {"prometheus_port": "1", "alertmanager_port": "2", "reservation": "chaos_maint"}
+    repo = Path(__file__).resolve().parents[2]
+    site = load_site(repo / "site_configs" / "sandbox-nhc.yaml", lambda name: values)
+    (det,) = site.monitoring.detectors
+    assert (det.name, det.drain_reason) == ("nhc", "^NHC:") and "checkpoint" in det.signals
+    assert det.matches_reason("NHC: check_fs_free:  /ckpt has only 0% free (0kB), minimum is 10%")
+    assert site.monitoring.healthcheck_signals == ()
+    assert (
+        site.monitoring.alertmanager is None and site.monitoring.heartbeat_dir == "/sb/sandbox_root/heartbeat"
+    )
+
+
+def test_without_nhc_the_nhc_mode_says_where_it_looks(
+    layout: Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_chaos.errors import UsageError
+
+    monkeypatch.setattr(nhc, "nhc_source", lambda: None)
+    with pytest.raises(UsageError, match=r"LBNL NHC not found \(put it at ../shared/thirdparty/lbnl-nhc"):
+        nhc.write_nhc_wrapper(layout)
+    assert not (layout.etc / "healthcheck").exists()  # nothing half-switched
