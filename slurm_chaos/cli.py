@@ -56,7 +56,11 @@ def _sandbox_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cgroups = False if args.no_cgroups else None  # None: $SLURM_CHAOS_SANDBOX_CGROUPS, on by default
     layout = Sandbox(args.name).up(
-        nodes=args.nodes, install=not args.no_install, cgroups=cgroups, switches=args.switches
+        nodes=args.nodes,
+        install=not args.no_install,
+        cgroups=cgroups,
+        switches=args.switches,
+        health=args.health,
     )
     print(
         f"sandbox {layout.name}: {layout.nodes} nodes on {len(layout.switches())} leaf switches "
@@ -94,6 +98,7 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         assert isinstance(nodes, dict)
         for node, state in nodes.items():
             print(f"  {node:<16} {state}")
+        print(f"  {'health check':<16} {status['health']}")
     daemons = status["daemons"]
     assert isinstance(daemons, dict)
     return 0 if all(daemons.values()) else 1
@@ -143,7 +148,8 @@ def _add_sandbox(sub: Subparsers) -> None:
         "Start munge, MariaDB + slurmdbd, slurmctld and N slurmd nodes, each in its own network\n"
         "namespace, and wait until every node is idle; prints the SLURM_CONF to export.",
         "sudo slurm-chaos sandbox up --name chaos --nodes 4\n"
-        "  sudo slurm-chaos sandbox up --name scale --nodes 64 --switches 4",
+        "  sudo slurm-chaos sandbox up --name scale --nodes 64 --switches 4\n"
+        "  sudo slurm-chaos sandbox up --name nhc --health nhc",
         _sandbox_up,
     )
     up.add_argument("--nodes", type=int, default=4, help="number of compute nodes, 1-64 (default: 4)")
@@ -155,6 +161,15 @@ def _add_sandbox(sub: Subparsers) -> None:
         "each (default: two nodes per leaf)",
     )
     up.add_argument("--no-install", action="store_true", help="do not install missing Debian packages")
+    up.add_argument(
+        "--health",
+        choices=["slurm-chaos", "nhc"],
+        default=None,
+        help="what the nodes' HealthCheckProgram runs: slurm-chaos's health check hooks, or LBNL NHC "
+        "(installed into the sandbox's directory from ../shared/thirdparty/lbnl-nhc; see "
+        "site_configs/sandbox-nhc.yaml); a running sandbox switches at once (default: as it is, "
+        "slurm-chaos for a new one)",
+    )
     up.add_argument(
         "--no-cgroups",
         action="store_true",

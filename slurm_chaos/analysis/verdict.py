@@ -86,6 +86,19 @@ def detections(log: ObservationLog) -> tuple[Detection, ...]:
     return tuple(first.values())
 
 
+def reference_seen(log: ObservationLog) -> str:
+    """What slurm-chaos's reference checks (``reference:<check>``, see campaign/observe.py) saw
+    during the fault, for a BLIND SPOT's reason: which check, how long after the fault began, and
+    what of slurm-chaos's would have caught it; "" when they saw nothing."""
+    prefix = f"{Signal.REFERENCE}:"
+    seen = [o for o in log.observations if o.signal.startswith(prefix) and o.time >= log.fault_window.start]
+    if not seen:
+        return ""
+    first = seen[0]  # sorted by time
+    after = first.time - log.fault_window.start
+    return f"; the reference check {first.signal[len(prefix) :]} saw it after {after:.0f} s: {first.detail}"
+
+
 def _remediation(log: ObservationLog, e: Expectation) -> tuple[float | None, str]:
     """Time from fault start until the last expected remediation step, or why it is missing."""
     last = log.fault_window.start
@@ -130,6 +143,8 @@ def judge(
     found = detections(log)
 
     def verdict(v: Verdict, reason: str) -> Judgement:
+        if v is Verdict.BLIND_SPOT:
+            reason += reference_seen(log)
         return Judgement(v, reason, detected_by, ttd, ttr, found)
 
     if log.crashed:

@@ -513,6 +513,7 @@ def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
             clock,
             detectors=mon.detectors,
             node_labels=mon.node_labels,
+            reference_heartbeats=Path(mon.heartbeat_dir) if mon.heartbeat_dir else None,
         )
         hold = _expectation(exp) if exp.hold_limit_s is not None else None
         watched = watch(camp, job, exp.name, watcher, exp, p.faults, fault_dir, hold)

@@ -15,11 +15,14 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.clock import Clock, SystemClock
+from slurm_chaos.observe.checks import CRITICAL, Thresholds, check_checkpoint, check_straggler
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
-from slurm_chaos.rundir import Observation, Signal, alert_signal, detector_signal
+from slurm_chaos.probe.heartbeat import Beat, scan_heartbeats
+from slurm_chaos.rundir import Observation, Signal, alert_signal, detector_signal, reference_signal
 from slurm_chaos.site import NODE_LABELS, Detector
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState, NodeInfo
@@ -30,6 +33,15 @@ log = logging.getLogger(__name__)
 JOB_LABELS = ("job_id", "jobid", "slurm_job_id")
 #: Node states whose Reason says why (a drain, slurmd not responding, a failed node).
 REASON_STATES = ("DRAIN", "DOWN", "FAIL", "FAILING")
+#: What would have caught each finding of the reference checks: slurm-chaos's own check, metric
+#: and alert rule (site_configs/alerts/slurm-chaos.rules.yml), named in a BLIND SPOT's reason.
+REFERENCE_CATCHERS = {
+    "straggler": "health check 'straggler', metric slurm_chaos_probe_straggler_ratio, alert ChaosStraggler",
+    "checkpoint": (
+        "health check 'checkpoint', metric slurm_chaos_probe_checkpoint_failures, "
+        "alert ChaosCheckpointFailing"
+    ),
+}
 
 
 def fetch_alerts(alertmanager: str, timeout: float = 3.0) -> list[dict[str, object]]:
@@ -73,6 +85,12 @@ class Watcher:
     ``detectors`` are the site's: each drain reason or alert of theirs about the job or its nodes
     is one observation ``detector:<name>``, beside the generic ones (``node_drained``,
     ``alert_firing:<alertname>``) that today's expectations name.
+
+    ``reference_heartbeats``: where the watcher can read the job's heartbeats (the site's
+    ``monitoring.heartbeat_dir``, on the sandbox a local directory), to run slurm-chaos's own
+    heartbeat checks (straggler, checkpoint failures) on them as a reference, whatever the site's
+    health check enables: each finding is one observation ``reference:<check>`` at the time of the
+    heartbeat that showed it. It is never a detection; it says what the site's detectors missed.
     """
 
     scheduler: Scheduler
@@ -89,6 +107,8 @@ class Watcher:
     #: Other names of the nodes seen (NodeHostName, NodeAddr) -> node name.
     _aliases: dict[str, str] = field(default_factory=dict)
     last: JobInfo | None = None
+    reference_heartbeats: Path | None = None
+    reference_thresholds: Thresholds = field(default_factory=Thresholds)
 
     def _add(self, key: str, o: Observation) -> None:
         if key in self._seen:
@@ -128,7 +148,32 @@ class Watcher:
         if self.alertmanager:
             for alert in self.alerts(self.alertmanager):
                 self._check_alert(alert)
+        if self.reference_heartbeats is not None:
+            self._check_reference(self.reference_heartbeats)
         return info
+
+    def _check_reference(self, directory: Path) -> None:
+        """slurm-chaos's heartbeat checks on this job's heartbeats: each finding once per node."""
+        try:
+            beats = [b for b in scan_heartbeats(directory).beats if b.job_id == self.job_id]
+        except OSError as exc:
+            log.debug("reference heartbeats %s: %s", directory, exc)
+            return
+        now = self.clock.time()
+        th = self.reference_thresholds
+        for node in sorted({b.host for b in beats}):
+            mine: list[Beat] = [b for b in beats if b.host == node]
+            for result in (
+                check_straggler(node, beats, th, now),
+                check_checkpoint(node, None, mine, th, now),
+            ):
+                if result.status != CRITICAL:
+                    continue
+                # The newest heartbeat of the node showed it: when a check reading it would have fired.
+                when = max(b.time for b in mine)
+                catcher = REFERENCE_CATCHERS.get(result.check, f"health check {result.check!r}")
+                detail = f"{node}: {result.message} [{catcher}]"
+                self._note(f"ref-{result.check}-{node}", reference_signal(result.check), detail, when)
 
     def _check_node(self, node: NodeInfo) -> None:
         name = node.name

@@ -46,6 +46,7 @@ from slurm_chaos.rundir.observations import (
     load_observations,
     observations_from_json,
     observations_to_json,
+    reference_signal,
     write_observations,
 )
 from slurm_chaos.rundir.schedule import read_schedule, schedule_path, write_schedule
@@ -81,6 +82,7 @@ __all__ = [
     "observations_to_json",
     "read_manifest",
     "read_schedule",
+    "reference_signal",
     "schedule_path",
     "write_calibration",
     "write_manifest",

@@ -41,11 +41,19 @@ class Signal(StrEnum):
     RESUMED_FROM_CHECKPOINT = "resumed_from_checkpoint"
     ALERT_FIRING = "alert_firing"
     DETECTOR = "detector"
+    #: slurm-chaos's own reference checks (``reference:<check>``): what they saw, never a detection
+    #: of the site's, named where the site's detectors missed a fault (BLIND SPOT).
+    REFERENCE = "reference"
 
 
 def alert_signal(alertname: str) -> str:
     """The signal of an Alertmanager alert: ``alert_firing:<alertname>``."""
     return f"{Signal.ALERT_FIRING}:{alertname}"
+
+
+def reference_signal(check: str) -> str:
+    """The signal of a finding of slurm-chaos's reference check `check`: ``reference:<check>``."""
+    return f"{Signal.REFERENCE}:{check}"
 
 
 def detector_signal(detector: str) -> str:

@@ -60,6 +60,29 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+HOOK_NOTES = {
+    "prolog": "A failing hook is reported but never drains the node by itself.",
+    "epilog": "A failing hook is reported but never drains the node by itself.",
+    "healthcheck": "Health checks drain nodes themselves (scontrol), so the exit code is not used.",
+}
+
+
+def _write_dispatcher(etc: Path, kind: str) -> None:
+    """etc/<kind>: runs every executable in etc/<kind>.d in name order, each bounded in time."""
+    (etc / f"{kind}.d").mkdir(exist_ok=True)
+    text = _render(
+        "dispatcher.sh.j2",
+        kind=kind,
+        dir=etc / f"{kind}.d",
+        timeout=HOOK_TIMEOUT_S,
+        failure_note=HOOK_NOTES[kind],
+        propagate=False,
+    )
+    tmp = etc / f".{kind}.tmp"
+    _write(tmp, text, 0o755)
+    tmp.replace(etc / kind)  # slurmd may run it at any moment: never a half-written file
+
+
 def slurm_version(runner: Runner) -> tuple[int, int]:
     res = runner(["slurmctld", "-V"], timeout=10)
     try:
@@ -164,6 +187,7 @@ class Sandbox:
         monitoring: bool = True,
         cgroups: bool | None = None,
         switches: int = 0,
+        health: str | None = None,
     ) -> Layout:
         """Start whatever of the sandbox is not running yet and wait until every node is idle.
 
@@ -172,6 +196,10 @@ class Sandbox:
 
         `cgroups` (default: on unless $SLURM_CHAOS_SANDBOX_CGROUPS is 0): Slurm's cgroup plugins,
         each node in a cgroup subtree of its own; off: proctrack/linuxproc and no task plugin.
+
+        `health`: what the nodes' HealthCheckProgram runs, "slurm-chaos" (the hook dispatcher:
+        slurm-chaos's health check) or "nhc" (LBNL NHC, see sandbox/nhc.py); None: as the sandbox
+        has it (slurm-chaos for a new one). A running sandbox switches at once, without a restart.
         """
         if os.geteuid() != 0:
             raise UsageError(
@@ -181,6 +209,10 @@ class Sandbox:
             raise UsageError(f"--nodes {nodes}: expected 1..{MAX_NODES}")
         if not 0 <= switches <= nodes:
             raise UsageError(f"--switches {switches}: expected 1..{nodes} (the number of nodes)")
+        from slurm_chaos.sandbox.nhc import HEALTH_MODES
+
+        if health is not None and health not in HEALTH_MODES:
+            raise UsageError(f"--health {health}: expected one of {', '.join(HEALTH_MODES)}")
         t0 = time.monotonic()
         if install:
             ensure_packages(self.runner)
@@ -192,6 +224,8 @@ class Sandbox:
             # Every node runs the health check each interval; a site with many nodes lengthens it
             # too (at 64 nodes, one check a second on this machine's 2 cores, not 13).
             self._write_configs(layout, health_interval or max(5, nodes))
+        if health is not None:
+            self.set_health(layout, health)
         self._ensure_munge(layout)
         self._ensure_network(layout)
         self._ensure_mariadb(layout)
@@ -229,25 +263,8 @@ class Sandbox:
         else:
             (etc / "cgroup.conf").unlink(missing_ok=True)
         _write(etc / "hosts", _render("hosts.j2", L=layout))
-        hooks = {
-            "prolog": "A failing hook is reported but never drains the node by itself.",
-            "epilog": "A failing hook is reported but never drains the node by itself.",
-            "healthcheck": "Health checks drain nodes themselves (scontrol), so the exit code is not used.",
-        }
-        for kind, note in hooks.items():
-            (etc / f"{kind}.d").mkdir(exist_ok=True)
-            _write(
-                etc / kind,
-                _render(
-                    "dispatcher.sh.j2",
-                    kind=kind,
-                    dir=etc / f"{kind}.d",
-                    timeout=HOOK_TIMEOUT_S,
-                    failure_note=note,
-                    propagate=False,
-                ),
-                0o755,
-            )
+        for kind in HOOK_NOTES:
+            _write_dispatcher(etc, kind)
         plugstack = etc / "plugstack.conf"
         if not plugstack.exists():
             _write(plugstack, "# SPANK plugins: see 'slurm-chaos plugin install'\n")
@@ -257,6 +274,20 @@ class Sandbox:
         from slurm_chaos.faults.policy import POLICY_NAME
 
         _write(etc / JOB_SUBMIT_LUA, render_job_submit(etc / POLICY_NAME))
+
+    def set_health(self, layout: Layout, mode: str) -> None:
+        """Make the nodes' HealthCheckProgram run `mode`'s health check ("slurm-chaos" or "nhc").
+
+        slurmd runs etc/healthcheck afresh every interval, so the switch takes effect at the next
+        check without a restart. Nodes NHC drained stay drained until NHC (or someone) resumes them.
+        """
+        from slurm_chaos.sandbox.nhc import write_nhc_wrapper
+
+        if mode == "nhc":
+            write_nhc_wrapper(layout)
+        else:
+            _write_dispatcher(layout.etc, "healthcheck")
+        log.info("sandbox %s: HealthCheckProgram runs %s", self.name, mode)
 
     def _ensure_munge(self, layout: Layout) -> None:
         cred = self.runner(["munge", "-n"], timeout=10)
@@ -549,6 +580,7 @@ class Sandbox:
                 "monitoring",
                 "heartbeat",
                 "health",
+                "nhc",
             ):
                 shutil.rmtree(layout.root / sub, ignore_errors=True)
             (layout.root / "sandbox.json").unlink(missing_ok=True)
@@ -574,6 +606,8 @@ class Sandbox:
 
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, object]:
+        from slurm_chaos.sandbox.nhc import health_mode
+
         layout = self.layout()
         procs = {}
         for d in self.daemons(layout):
@@ -590,6 +624,7 @@ class Sandbox:
             "nodes": {n: states.get(n, "unknown") for n in layout.node_names()},
             "switches": layout.switches(),
             "reservation": layout.reservation,
+            "health": health_mode(layout),
         }
 
     def is_up(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -331,3 +332,9 @@ def test_weaker_monitoring_reports_a_blind_spot(sandbox, chaos_site: Path, tmp_p
     assert entry["regression"] > SLOW_RANK_MEDIAN_SHIFT
     _slowed_rank_named(entry)
     assert "BLIND SPOT" in res.stdout
+    # The reference (slurm-chaos's own straggler check, run by the campaign on the job's heartbeats)
+    # saw what this site's monitoring missed: the reason names it, when, and what would have caught it.
+    reason = entry["reason"]
+    seen = r"; the reference check straggler saw it after \d+ s: node\d+: job \d+ rank 1 computes "
+    assert re.search(seen, reason), reason
+    assert "metric slurm_chaos_probe_straggler_ratio, alert ChaosStraggler" in reason
