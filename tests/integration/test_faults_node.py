@@ -894,9 +894,15 @@ def test_a_switchback_slow_rank_acts_only_between_the_users_on_and_off(
     before = cluster.snapshot("node1")
     (cluster.shared / "chunks.py").write_text(CHUNKS)
     (cluster.shared / "toggle.py").write_text(TOGGLE)
+    # The package where the job's user can import it (a clone under /root is out of its reach).
+    lib = cluster.shared / "userlib"
+    shutil.rmtree(lib, ignore_errors=True)
+    shutil.copytree(REPO / "slurm_chaos", lib / "slurm_chaos", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in [lib, *(p for p in lib.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
     script = (
         f"SECONDS_=9 srun -n2 -N1 {USER_PY} {cluster.shared}/chunks.py &\n"
-        f"PYTHONPATH={REPO} {USER_PY} {cluster.shared}/toggle.py {cluster.journal_root}\n"
+        f"PYTHONPATH={lib} {USER_PY} {cluster.shared}/toggle.py {cluster.journal_root}\n"
         "wait\n"
     )
     spec = "slow-rank:rank=1,percent=60,control=switchback"

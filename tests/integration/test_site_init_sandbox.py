@@ -78,10 +78,17 @@ def test_filled_in_it_renders_an_experiment(initialised: Path, tmp_path: Path) -
     reference = load_site(SANDBOX_SITE, site_placeholders)
     filled = fill_todos(initialised, _filled_like(reference), tmp_path / "filled.yaml")
     out = tmp_path / "scripts"
-    assert main(["render", "--site", str(filled), "--experiment", "slow-rank", "--out", str(out)]) == 0
+    # numa-mismatch is judged between runs (a baseline and a fault job); slow-rank has no baseline.
+    assert main(["render", "--site", str(filled), "--experiment", "numa-mismatch", "--out", str(out)]) == 0
     for role in ("baseline", "fault"):
         script = (out / f"{role}.sbatch").read_text()
         assert "#SBATCH --reservation=chaos_maint\n" in script
+    assert (
+        main(["render", "--site", str(filled), "--experiment", "slow-rank", "--out", str(tmp_path / "sb")])
+        == 0
+    )
+    assert "#SBATCH --reservation=chaos_maint\n" in (tmp_path / "sb" / "fault.sbatch").read_text()
+    assert not (tmp_path / "sb" / "baseline.sbatch").exists()
 
 
 def test_unfilled_it_is_refused_naming_a_todo(

@@ -57,10 +57,26 @@ def ctx_for(root: Path, uid: int | None = NOBODY, gid: int | None = NOBODY) -> J
     )
 
 
-def as_nobody(code: str) -> subprocess.CompletedProcess[str]:
-    """Run Python code as an unprivileged user, with this checkout importable."""
-    src = str(Path(__file__).resolve().parents[2])
-    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", code]
+@pytest.fixture(scope="module")
+def user_pythonpath() -> Iterator[Path]:
+    """This checkout's package where an unprivileged user can import it (a clone under /root, or a
+    virtual environment there, is out of its reach)."""
+    base = Path(tempfile.mkdtemp(prefix="chaos-userlib-", dir="/tmp"))
+    base.chmod(0o755)
+    src = Path(__file__).resolve().parents[2] / "slurm_chaos"
+    shutil.copytree(src, base / "slurm_chaos", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in [base, *(p for p in base.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def as_nobody(code: str, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    """Run Python code as an unprivileged user, with this checkout's package importable (the system's
+    python3: the package's channel code needs nothing but the standard library)."""
+    python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+    src = str(pythonpath)
+    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-c", code]
     return subprocess.run(
         argv, capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}
     )
@@ -94,7 +110,9 @@ def test_channel_paths_refuse_names_that_leave_the_node_directory(tmp_path: Path
 
 
 @needs_root
-def test_the_agent_makes_the_channel_the_user_writes_only_the_request(journal_root: Path) -> None:
+def test_the_agent_makes_the_channel_the_user_writes_only_the_request(
+    journal_root: Path, user_pythonpath: Path
+) -> None:
     owner = ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
     d = control.channel_dir(journal_root, "node1", "77")
     st = d.stat()
@@ -119,7 +137,8 @@ def test_the_agent_makes_the_channel_the_user_writes_only_the_request(journal_ro
         "        attempt()\n"
         "        print('allowed')\n"
         "    except PermissionError:\n"
-        "        print('refused')\n"
+        "        print('refused')\n",
+        user_pythonpath,
     )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.split()
@@ -349,7 +368,9 @@ def test_a_switchback_netem_adds_its_qdisc_only_while_on(journal_root: Path) -> 
 
 
 @needs_root
-def test_a_journal_root_the_user_cannot_traverse_is_refused_at_apply(journal_root: Path) -> None:
+def test_a_journal_root_the_user_cannot_traverse_is_refused_at_apply(
+    journal_root: Path, user_pythonpath: Path
+) -> None:
     journal_root.chmod(0o700)
     with pytest.raises(ChannelError, match="cannot reach"):
         ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
@@ -358,6 +379,7 @@ def test_a_journal_root_the_user_cannot_traverse_is_refused_at_apply(journal_roo
     res = as_nobody(
         "import pathlib\n"
         "from slurm_chaos.faults.control import ChannelClient\n"
-        f"print(ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '78'))\n"
+        f"print(ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '78'))\n",
+        user_pythonpath,
     )
     assert res.stdout.strip() == "None", res.stderr  # no channel for a job that has none
