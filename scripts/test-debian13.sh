@@ -172,9 +172,8 @@ do_versions() {
   cat /etc/debian_version; slurmctld -V; python --version
   python -c 'import torch; print("torch", torch.__version__)'
   grep -h 'define SLURM_VERSION_STRING' /usr/include/slurm/slurm_version.h
-  ls -l spank_plugin/*.so preload/*.so
-  # The plugin was built against these headers: its object names the Slurm it was built for.
-  strings spank_plugin/*.so | grep -m1 -E '^[0-9]+\.[0-9]+' || true
+  # The SPANK plugin and the preload shim, built by install-deps against the headers above.
+  ls -l spank_plugin/build/slurm_chaos.so preload/build/*.so
 }
 do_up() { PATH=\$PWD/.venv/bin:\$PATH slurm-chaos sandbox up --name "\$SLURM_CHAOS_SANDBOX"; }
 do_tests() {

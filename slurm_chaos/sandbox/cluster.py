@@ -351,9 +351,13 @@ class Sandbox:
             if time.monotonic() > deadline:
                 raise ChaosError(self._failure("mariadbd", layout.log_dir / "mariadbd.err"))
             time.sleep(0.2)
+        # The database exists before slurmdbd first connects: slurmdbd 24.11 creating it itself with
+        # MariaDB 11.8's client library (Debian 13) fails its next query ("5027 Number of columns in
+        # result (=1) set execeeds maxmimum allowed number of columns (=0)") and exits.
         ok = self._mariadb(
             layout,
             f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
+            f"CREATE DATABASE IF NOT EXISTS slurm_acct_db_{layout.index}; "
             f"GRANT ALL ON slurm_acct_db_{layout.index}.* TO 'slurm'@'127.0.0.1';",
         )
         if not ok:
