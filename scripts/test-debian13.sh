@@ -2,7 +2,7 @@
 # Run the sandbox integration tests on Debian 13 (trixie, Slurm 24.11) in a Debian root on this machine.
 #
 #   scripts/test-debian13.sh [--root DIR] [--keep] [--sandbox NAME] [--python auto|system|bind]
-#                            [--pytest "ARGS"] [--no-tests] [--log-dir DIR]
+#                            [--pytest "ARGS" | --command "CMD" | --no-tests] [--log-dir DIR]
 #
 # Builds a trixie root with debootstrap from the mirror apt already uses (scripts/lib/debian-root.sh:
 # the machine's kernel, so namespaces, cgroups and tc work as on the host; its package sources, pip
@@ -25,6 +25,8 @@
 #                reuses its packages and venv (the repository is cloned again)
 #   --keep       keep a root this run built (default: removed afterwards)
 #   --no-tests   install, build and bring the sandbox up and down, but run no pytest
+#   --command CMD  run CMD (bash, in the clone, .venv/bin first on PATH, SLURM_CONF set) on the
+#                sandbox instead of pytest: a look at Slurm 24.11 by hand
 #
 # It shares the host's network namespace (apt and pip need it): its sandbox's bridge (scb-NAME) is
 # visible on the host, so it refuses to start while a sandbox of that name is up here.
@@ -40,6 +42,7 @@ sandbox=d13
 python_mode=auto
 pytest_args="-m sandbox tests/integration"
 run_tests=1
+command=
 stamp=$(date +%Y%m%d-%H%M%S)
 logs=${D13_LOG_DIR:-/var/tmp/slurm-chaos-debian13/$stamp}
 while [ $# -gt 0 ]; do
@@ -50,6 +53,7 @@ while [ $# -gt 0 ]; do
     --python) python_mode=$2; shift 2 ;;
     --pytest) pytest_args=$2; shift 2 ;;
     --no-tests) run_tests=0; shift ;;
+    --command) command=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-debian13: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -149,6 +153,7 @@ L=/root/d13-logs
 export SLURM_CHAOS_SANDBOX=$sandbox
 venv_python=$(printf '%q' "$venv_python")
 pytest_args=$(printf '%q' "$pytest_args")
+command=$(printf '%q' "$command")
 step() {  # NAME COMMAND...: run one step, its output in \$L/NAME.log, and record how it ended
   local name=\$1 start rc; shift
   start=\$(date +%s)
@@ -171,7 +176,8 @@ do_versions() {
   export PATH=\$PWD/.venv/bin:\$PATH
   cat /etc/debian_version; slurmctld -V; python --version
   python -c 'import torch; print("torch", torch.__version__)'
-  grep -h 'define SLURM_VERSION_STRING' /usr/include/slurm/slurm_version.h
+  local v; v=\$(awk '/define SLURM_VERSION_NUMBER/ {print \$3}' /usr/include/slurm/slurm_version.h)
+  echo "slurm headers (/usr/include/slurm): \$((v >> 16)).\$(((v >> 8) & 255)).\$((v & 255))"
   # The SPANK plugin and the preload shim, built by install-deps against the headers above.
   ls -l spank_plugin/build/slurm_chaos.so preload/build/*.so
 }
@@ -180,9 +186,14 @@ do_tests() {
   PATH=\$PWD/.venv/bin:\$PATH python -m pytest -ra --durations=0 -p no:cacheprovider \
     --junitxml=\$L/junit.xml \$pytest_args
 }
+do_command() {
+  PATH=\$PWD/.venv/bin:\$PATH SLURM_CONF=/var/lib/slurm-chaos/sandboxes/\$SLURM_CHAOS_SANDBOX/etc/slurm.conf \
+    bash -c "\$command"
+}
 do_down() { PATH=\$PWD/.venv/bin:\$PATH slurm-chaos sandbox down --name "\$SLURM_CHAOS_SANDBOX"; }
 if step install do_install && step versions do_versions && step sandbox-up do_up; then
-  $( [ "$run_tests" -eq 1 ] && echo 'step pytest do_tests' || echo ':' )
+  $( if [ -n "$command" ]; then echo 'step command do_command'
+     elif [ "$run_tests" -eq 1 ]; then echo 'step pytest do_tests'; else echo ':'; fi )
 fi
 step sandbox-down do_down
 cp -r /var/lib/slurm-chaos/sandboxes/\$SLURM_CHAOS_SANDBOX/log \$L/sandbox-log 2>/dev/null || true
@@ -204,7 +215,9 @@ while IFS='|' read -r name rc secs; do
   printf '  %-12s exit %s in %dm%02ds\n' "$name" "$rc" $((secs / 60)) $((secs % 60))
   [ "$rc" -eq 0 ] || status=1
 done <"$logs/results.txt"
-for want in install versions sandbox-up $([ "$run_tests" -eq 1 ] && echo pytest) sandbox-down; do
+if [ -n "$command" ]; then run_tests=0; fi
+for want in install versions sandbox-up $([ "$run_tests" -eq 1 ] && echo pytest) \
+    $([ -n "$command" ] && echo command) sandbox-down; do
   grep -q "^$want|" "$logs/results.txt" || { echo "  $want: did not run or never ended"; status=1; }
 done
 if [ -f "$logs/junit.xml" ]; then
