@@ -295,6 +295,10 @@ class Sandbox:
             if ns in existing:
                 continue
             self._ip("netns", "add", ns)
+            # A veth of this name left by a `down` just before: the kernel removes it only once it
+            # has destroyed the old namespace, which can take seconds after `ip netns del`.
+            if self.runner(["ip", "link", "show", layout.veth(i)], timeout=10).ok:
+                self.runner(["ip", "link", "del", layout.veth(i)], timeout=20)
             self._ip("link", "add", layout.veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns)
             self._ip("link", "set", layout.veth(i), "master", layout.bridge, "up")
             self._ip("-n", ns, "addr", "add", f"{layout.node_addr(i)}/24", "dev", "eth0")
