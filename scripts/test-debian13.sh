@@ -31,6 +31,7 @@
 # It shares the host's network namespace (apt and pip need it): its sandbox's bridge (scb-NAME) is
 # visible on the host, so it refuses to start while a sandbox of that name is up here.
 # Exit status: 0 when every step passed (pytest: no failure, no error); 1 otherwise; 2 for misuse.
+# pytest is stopped after $D13_PYTEST_TIMEOUT seconds (default 5400).
 # Logs: $D13_LOG_DIR or --log-dir (default /var/tmp/slurm-chaos-debian13/<time>): one per step,
 # pytest's junit XML, and the sandbox's daemon logs.
 set -euo pipefail
@@ -43,6 +44,7 @@ python_mode=auto
 pytest_args="-m sandbox tests/integration"
 run_tests=1
 command=
+pytest_timeout=${D13_PYTEST_TIMEOUT:-5400}  # seconds
 stamp=$(date +%Y%m%d-%H%M%S)
 logs=${D13_LOG_DIR:-/var/tmp/slurm-chaos-debian13/$stamp}
 while [ $# -gt 0 ]; do
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
     --no-tests) run_tests=0; shift ;;
     --command) command=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-debian13: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -183,8 +185,9 @@ do_versions() {
 }
 do_up() { PATH=\$PWD/.venv/bin:\$PATH slurm-chaos sandbox up --name "\$SLURM_CHAOS_SANDBOX"; }
 do_tests() {
-  PATH=\$PWD/.venv/bin:\$PATH python -m pytest -ra --durations=0 -p no:cacheprovider \
-    --junitxml=\$L/junit.xml \$pytest_args
+  # Bounded, for a nightly job: a test that hangs ends the run instead of holding the machine.
+  PATH=\$PWD/.venv/bin:\$PATH timeout -k 30 $pytest_timeout python -m pytest -ra --durations=0 \
+    -p no:cacheprovider -o junit_family=xunit1 --junitxml=\$L/junit.xml \$pytest_args
 }
 do_command() {
   PATH=\$PWD/.venv/bin:\$PATH SLURM_CONF=/var/lib/slurm-chaos/sandboxes/\$SLURM_CHAOS_SANDBOX/etc/slurm.conf \
