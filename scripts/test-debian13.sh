@@ -186,7 +186,7 @@ do_versions() {
 do_up() { PATH=\$PWD/.venv/bin:\$PATH slurm-chaos sandbox up --name "\$SLURM_CHAOS_SANDBOX"; }
 do_tests() {
   # Bounded, for a nightly job: a test that hangs ends the run instead of holding the machine.
-  PATH=\$PWD/.venv/bin:\$PATH timeout -k 30 $pytest_timeout python -m pytest -ra --durations=0 \
+  PATH=\$PWD/.venv/bin:\$PATH timeout -k 30 $pytest_timeout python -m pytest -v -ra --durations=0 \
     -p no:cacheprovider -o junit_family=xunit1 --junitxml=\$L/junit.xml \$pytest_args
 }
 do_command() {
@@ -223,13 +223,25 @@ for want in install versions sandbox-up $([ "$run_tests" -eq 1 ] && echo pytest)
     $([ -n "$command" ] && echo command) sandbox-down; do
   grep -q "^$want|" "$logs/results.txt" || { echo "  $want: did not run or never ended"; status=1; }
 done
-if [ -f "$logs/junit.xml" ]; then
-  # Per test file: passed, failed (errors too), skipped, and the time its tests took.
-  python3 - "$logs/junit.xml" <<'PY' | tee "$logs/summary.txt"
-import collections, sys, xml.etree.ElementTree as ET
+if [ -f "$logs/junit.xml" ] || [ -f "$logs/pytest.log" ]; then
+  # Per test file: passed, failed (errors too), skipped, and the time its tests took; from pytest's
+  # junit XML, or (a run killed before pytest wrote it) from its -v lines, without times.
+  python3 - "$logs/junit.xml" "$logs/pytest.log" <<'PY' | tee "$logs/summary.txt"
+import collections, os, re, sys, xml.etree.ElementTree as ET
 files = collections.defaultdict(lambda: collections.Counter())
 secs = collections.Counter()
-for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+if not os.path.exists(sys.argv[1]):
+    print("  (no junit XML: pytest did not finish; counts from its -v lines)")
+    seen = {}
+    for line in open(sys.argv[2], errors="replace"):
+        m = re.match(r"^(tests/\S+?\.py)::(\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", line)
+        if m:
+            kind = {"PASSED": "passed", "XPASS": "passed", "SKIPPED": "skipped", "XFAIL": "skipped"}
+            seen[(m[1], m[2], m[3] == "ERROR")] = kind.get(m[3], "failed")
+    for (f, _, _), kind in seen.items():
+        files[f][kind] += 1
+cases = ET.parse(sys.argv[1]).getroot().iter("testcase") if os.path.exists(sys.argv[1]) else []
+for case in cases:
     parts = case.get("classname", "").split(".")
     mod = next((i for i, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
     f = case.get("file") or "/".join(parts[: mod + 1]) + ".py"
@@ -246,8 +258,8 @@ for f in sorted(files):
 print("  %-48s %6d %6d %7d %8.1f" % ("all", total["passed"], total["failed"], total["skipped"],
                                      sum(secs.values())))
 PY
-  grep -E '^(FAILED|ERROR) ' "$logs/pytest.log" | sed 's/^/  /' || true
-  tail -n 1 "$logs/pytest.log" | sed 's/^/  /'
+  grep -E '^(FAILED|ERROR) ' "$logs/pytest.log" 2>/dev/null | sed 's/^/  /' || true
+  tail -n 1 "$logs/pytest.log" 2>/dev/null | sed 's/^/  /'
 fi
 echo "test-debian13: $([ $status -eq 0 ] && echo PASSED || echo FAILED) in $(($(date +%s) - t0)) s; logs in $logs"
 exit $status
