@@ -1,6 +1,7 @@
 # The two set-up commands of the README.
 #   make demo   install what is needed, bring up the sandbox cluster and run the maintenance campaign
 #   make test   install what is needed and run every test (unit, integration on a sandbox, lint, types)
+#   make test-debian13   the sandbox integration tests on Debian 13 (Slurm 24.11), in a Debian root
 SANDBOX ?= chaos
 SITE ?= site_configs/sandbox.yaml
 OUT ?= runs
@@ -9,7 +10,7 @@ AA_RUNS ?= 10
 # Where Debian's python3 is externally managed, scripts/install-deps.sh installs into .venv here.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-debian13 lint clean
 
 install:
 	bash scripts/install-deps.sh
@@ -23,6 +24,9 @@ demo: install
 
 test: install
 	bash scripts/run-tests.sh
+
+test-debian13:
+	bash scripts/test-debian13.sh
 
 lint:
 	ruff check slurm_chaos tests bench

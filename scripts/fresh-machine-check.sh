@@ -36,6 +36,8 @@ while [ $# -gt 0 ]; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "fresh-machine-check: needs root (debootstrap, chroot, mounts)" >&2; exit 2; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib/debian-root.sh
+. "$repo/scripts/lib/debian-root.sh"
 shared=$(cd "$repo/.." && pwd)/shared
 stamp=$(date +%Y%m%d-%H%M%S)
 logs=${FRESH_LOG_DIR:-/var/tmp/slurm-chaos-fresh/$stamp}
@@ -50,18 +52,14 @@ for name in chaos ci; do
   fi
 done
 
-command -v debootstrap >/dev/null || {
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-}
+debian_root_ensure_debootstrap
 # The mirror apt already uses (deb822 sources or a classic sources.list).
-mirror=$( { cat /etc/apt/sources.list.d/*.sources 2>/dev/null || true; } | awk '/^URIs:/ {print $2; exit}')
-[ -n "$mirror" ] || mirror=$(awk '/^deb / && $0 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-[ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+mirror=$(debian_root_mirror)
+debian_root=$work
 
-mounted=()
 cleanup() {
   # Leave nothing running or mounted: the PID namespace took its processes with it; unmount in reverse.
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
+  debian_root_unmount
   for name in chaos ci; do  # a sandbox whose teardown inside the root did not run
     ip link del "scb-$name" 2>/dev/null || true
   done
@@ -71,50 +69,14 @@ trap cleanup EXIT
 
 t0=$(date +%s)
 echo "fresh-machine-check: debootstrap $release from $mirror into $work"
-# A machine as a new user gets it: Debian's minimal base with the tools the README takes for granted
-# (git to clone, make, python3 of the release, certificates).
-debootstrap --variant=minbase --include=ca-certificates,git,make,python3 \
-  "$release" "$work" "$mirror" >"$logs/debootstrap.log" 2>&1 \
+debian_root_bootstrap "$release" "$mirror" "$logs/debootstrap.log" \
   || { echo "fresh-machine-check: debootstrap failed (see $logs/debootstrap.log)" >&2; exit 1; }
 t_boot=$(($(date +%s) - t0))
 
-# Package sources as apt on this machine has them; the release's own suites.
-rm -f "$work/etc/apt/sources.list"
-mkdir -p "$work/etc/apt/sources.list.d"
-for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
-  [ -f "$f" ] || continue
-  name=$(basename "$f"); [ "$name" = sources.list ] && name=host.list
-  sed "s/\bbookworm\b/$release/g" "$f" >"$work/etc/apt/sources.list.d/$name"
-done
-cp /etc/hosts /etc/resolv.conf "$work/etc/"
-# The machine's certificate authorities (its network may intercept TLS with a CA of its own), kept
-# where update-ca-certificates finds them again when a package in the root re-runs it.
-if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-  mkdir -p "$work/usr/local/share/ca-certificates"
-  cp /etc/ssl/certs/ca-certificates.crt "$work/usr/local/share/ca-certificates/machine.crt"
-  cp /etc/ssl/certs/ca-certificates.crt "$work/etc/ssl/certs/ca-certificates.crt"
-fi
-# pip's configuration: its files and its PIP_* environment, as the machine has them.
-pip_confs=(/etc/pip.conf /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt "$HOME/.config/pip/pip.conf"
-           "$HOME/.pip/pip.conf")
-for f in "${pip_confs[@]}"; do
-  [ -f "$f" ] || continue
-  dest="$work${f/#$HOME//root}"
-  mkdir -p "$(dirname "$dest")" && cp "$f" "$dest"
-done
-machine_env=()
-while IFS= read -r line; do machine_env+=("$line"); done < <(env | grep -E '^(PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE)=' || true)
-
-bind_ro() {  # bind a host directory read-only at the same path inside the root
-  mkdir -p "$work$1"
-  mount --bind "$1" "$work$1" && mounted+=("$work$1")
-  mount -o remount,bind,ro "$work$1"
-}
-# Local package directories that pip's configuration names (find-links, file:// indexes).
-for d in $( { cat "${pip_confs[@]}" 2>/dev/null || true; printf '%s\n' "${machine_env[@]}"; } \
-    | grep -oE '(file://)?/[A-Za-z0-9_./-]+' | sed 's#^file://##; s#/simple/*$##' | sort -u); do
-  [ -d "$d" ] && case "$d" in /opt/*|/srv/*|/var/cache/*) bind_ro "$d" ;; esac
-done
+# Package sources, network set-up, certificate authorities and pip's configuration as this machine
+# has them (scripts/lib/debian-root.sh), and the local package directories pip names, read-only.
+debian_root_configure "$release"
+debian_root_bind_pip_dirs
 
 # The clone a new user makes, and shared/ beside it as CI lays it.
 git clone -q "$repo" "$work/root/slurm-chaos"
@@ -128,12 +90,7 @@ cat >"$work/root/fresh-run.sh" <<EOF
 #!/bin/bash
 # Inside the fresh root (its /): the machine's mounts, then the README's commands one by one.
 set -u
-mount -t proc proc /proc
-mount -t tmpfs -o mode=755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
-mkdir -p /run/lock
-export HOME=/root LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-$(for e in "${machine_env[@]}"; do printf 'export %q\n' "$e"; done)
+$(debian_root_inside_prelude)
 cd /root/slurm-chaos
 commands=$(printf '%q' "$commands")
 IFS=';' read -ra cmds <<<"\$commands"
@@ -148,24 +105,11 @@ done
 EOF
 chmod +x "$work/root/fresh-run.sh"
 
-# The root is a mount point, as / is on a machine (`ip -n` remounts / as a slave); /dev and /sys as
-# the machine has them; /proc, /run and /tmp are the root's own (set up inside).
-mount --rbind "$work" "$work" && mounted+=("$work")
-for d in dev sys; do
-  mount --rbind "/$d" "$work/$d" && mounted+=("$work/$d")
-  mount --make-rslave "$work/$d"
-done
+debian_root_mount
 
 echo "fresh-machine-check: running '$commands' in the fresh root (logs: $logs)"
 set +e
-# Signals at their defaults, as in a login shell: a background job (this script started with '&')
-# inherits SIGINT and SIGQUIT ignored, and Ctrl-C tests would then test nothing.
-# The root becomes / of a mount namespace of its own by pivot_root, not chroot: a namespace entered
-# later from inside (nsenter -m into a sandbox node) takes its namespace's root, which must be it.
-env --default-signal unshare --pid --fork --mount --propagation private --uts --ipc \
-  /bin/bash -c 'set -e; cd "$1"; mkdir -p .oldroot; pivot_root . .oldroot; cd /
-                mount -t proc proc /proc; umount -l /.oldroot; rmdir /.oldroot; umount /proc
-                exec /root/fresh-run.sh' _ "$work"
+debian_root_enter /root/fresh-run.sh
 set -e
 cp "$work"/root/log-*.txt "$logs/" 2>/dev/null || true
 cp -r "$work"/root/slurm-chaos/runs "$logs/" 2>/dev/null || true

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -32,6 +33,19 @@ def _can_run_sandbox() -> str | None:
     if shutil.which("ip") is None:
         return "iproute2 is missing"
     return None
+
+
+@pytest.fixture(autouse=True)
+def _loggers_as_they_were() -> Iterator[None]:
+    """Undo the handlers a test's agent or CLI installs (one bound to a captured stderr that pytest
+    closes afterwards would make every later log line a 'Logging error')."""
+    loggers = [logging.getLogger(), logging.getLogger("slurm_chaos.faults")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -657,10 +657,30 @@ def marked(marker: str) -> list[ProcId]:
     return out
 
 
+#: Listings of a marked tree the undo makes at most: each kills what the one before missed.
+KILL_ROUNDS = 5
+
+
 @undo_action("kill_marked")
 def _kill_marked(data: Mapping[str, Json], ctx: UndoContext) -> str:
     marker = str(data["marker"])
-    procs = marked(marker)
+    stopped: set[ProcId] = set()
+    killed = 0
+    for _ in range(KILL_ROUNDS):  # a worker forked, or mid-exec, during one listing is in the next
+        procs = [p for p in marked(marker) if p not in stopped]
+        if not procs:
+            break
+        killed += _term_then_kill(procs, marker)
+        stopped.update(procs)
+    else:
+        if marked(marker):
+            raise UndoFailed(f"processes marked {marker} kept appearing after {KILL_ROUNDS} rounds")
+    with_kill = f" ({killed} with SIGKILL)" if killed else ""
+    return f"stopped {len(stopped)} processes marked {marker}{with_kill}"
+
+
+def _term_then_kill(procs: Sequence[ProcId], marker: str) -> int:
+    """SIGTERM, then SIGKILL after 5 s; the number that needed SIGKILL."""
     for p in procs:
         node_proc.send(p, signal.SIGTERM)
         node_proc.send(p, signal.SIGCONT)  # a load a switchback job left stopped
@@ -672,6 +692,4 @@ def _kill_marked(data: Mapping[str, Json], ctx: UndoContext) -> str:
     left = [p.pid for p in procs if node_proc.is_alive(p)]
     if left:
         raise UndoFailed(f"processes {left} marked {marker} survived SIGKILL")
-    return f"stopped {len(procs)} processes marked {marker}" + (
-        f" ({len(killed)} with SIGKILL)" if killed else ""
-    )
+    return len(killed)

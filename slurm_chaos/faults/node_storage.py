@@ -219,7 +219,14 @@ def _mkdir_journalled(req: FaultRequest, ctx: JobContext, path: Path) -> None:
     path.mkdir(mode=0o700, exist_ok=True)
 
 
-def _mount(req: FaultRequest, ctx: JobContext, argv: list[str], shown: str, source: str) -> bool:
+def _mount(
+    req: FaultRequest,
+    ctx: JobContext,
+    argv: list[str],
+    shown: str,
+    source: str,
+    env: dict[str, str] | None = None,
+) -> bool:
     """Journal, then mount; False if the mount failed (its entry then undoes nothing)."""
     ctx.journal.record(
         req.name,
@@ -227,7 +234,7 @@ def _mount(req: FaultRequest, ctx: JobContext, argv: list[str], shown: str, sour
         Undo(action="umount_ours", data={"source": source, "target": shown, "unique": True}),
         ctx.deadline,
     )
-    res = ctx.runner(argv, timeout=10)
+    res = ctx.runner(argv, timeout=10, env=env)
     if not res.ok:
         log.warning("ckpt-full: %s: %s", " ".join(argv), res.stderr.strip()[:200])
     return res.ok
@@ -268,7 +275,9 @@ def _fill_over(req: FaultRequest, ctx: JobContext, path: str, target: int, leave
     opts = f"lowerdir={fd_path},upperdir={upper},workdir={work}"
     overlay = mount_source(ctx.job_id, "overlay")
     argv = ["mount", "--no-canonicalize", "-t", "overlay", "-o", opts, overlay, fd_path]
-    if not _mount(req, ctx, argv, path, overlay):
+    # mount(2), as util-linux before 2.39 always did: Debian 13's (2.41) mounts through the fd-based
+    # API, where this overlay fails ("wrong fs type, bad option"); mount(2) takes it as before.
+    if not _mount(req, ctx, argv, path, overlay, env={"LIBMOUNT_FORCE_MOUNT2": "always"}):
         raise ChaosError(f"ckpt-full: cannot mount the full volume on {path} (no overlay)")
     log.info(
         "ckpt-full: %s is full (%d bytes of ballast, %d bytes left free)",

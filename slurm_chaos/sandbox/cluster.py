@@ -326,6 +326,10 @@ class Sandbox:
             if ns in existing:
                 continue
             self._ip("netns", "add", ns)
+            # A veth of this name left by a `down` just before: the kernel removes it only once it
+            # has destroyed the old namespace, which can take seconds after `ip netns del`.
+            if self.runner(["ip", "link", "show", layout.veth(i)], timeout=10).ok:
+                self.runner(["ip", "link", "del", layout.veth(i)], timeout=20)
             self._ip("link", "add", layout.veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns)
             self._ip("link", "set", layout.veth(i), "master", layout.bridge, "up")
             self._ip("-n", ns, "addr", "add", f"{layout.node_addr(i)}/24", "dev", "eth0")
@@ -382,9 +386,13 @@ class Sandbox:
             if time.monotonic() > deadline:
                 raise ChaosError(self._failure("mariadbd", layout.log_dir / "mariadbd.err"))
             time.sleep(0.2)
+        # The database exists before slurmdbd first connects: slurmdbd 24.11 creating it itself with
+        # MariaDB 11.8's client library (Debian 13) fails its next query ("5027 Number of columns in
+        # result (=1) set execeeds maxmimum allowed number of columns (=0)") and exits.
         ok = self._mariadb(
             layout,
             f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
+            f"CREATE DATABASE IF NOT EXISTS slurm_acct_db_{layout.index}; "
             f"GRANT ALL ON slurm_acct_db_{layout.index}.* TO 'slurm'@'127.0.0.1';",
         )
         if not ok:

@@ -119,8 +119,11 @@ class SlurmCLI:
     def job_record(self, job_id: str) -> JobRecord:
         # squeue -O, not `scontrol show job`: there a job name or comment the user wrote could hold
         # " AdminComment=..." and be read as the real field. -j of an array's id lists its tasks too.
+        # --states=all, as _squeue: Slurm 24.11 lists a job given by id only in the states of
+        # squeue's default, not one that ended while slurmctld still remembers it (Debian 13 sandbox).
         fmt = ",".join(f"{field}:|" for field in parse.JOB_RECORD_FIELDS)
-        done = self._check(self._run(["squeue", "--noheader", f"--jobs={job_id}", f"--Format={fmt}"]))
+        argv = ["squeue", "--noheader", f"--jobs={job_id}", "--states=all", f"--Format={fmt}"]
+        done = self._check(self._run(argv))
         oversubscribe = {name: part.oversubscribe for name, part in self.partitions().items()}
         records = parse.parse_job_records(done.stdout, oversubscribe)
         if job_id not in records:

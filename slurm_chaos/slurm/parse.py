@@ -711,8 +711,9 @@ def parse_scontrol_config(text: str) -> ClusterConfig:
         plugstack_conf=_text(values.get("PlugStackConfig", "")),
         topology_plugin=_text(values.get("TopologyPlugin", "")),
         slurm_conf=_text(values.get("SLURM_CONF", "")),
-        prolog=_text(values.get("Prolog", "")),
-        epilog=_text(values.get("Epilog", "")),
+        # Slurm 24.11 takes several scripts and prints each as Prolog[0], Prolog[1], ...: the first.
+        prolog=_text(values.get("Prolog", values.get("Prolog[0]", ""))),
+        epilog=_text(values.get("Epilog", values.get("Epilog[0]", ""))),
         prolog_flags=_words(values.get("PrologFlags", "")),
         proctrack_type=_text(values.get("ProctrackType", "")),
         task_plugin=_words(values.get("TaskPlugin", "")),

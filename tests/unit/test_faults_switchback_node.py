@@ -26,7 +26,7 @@ from slurm_chaos.faults.agent import Switched, apply_all
 from slurm_chaos.faults.control import Ack, ChannelClient, ChannelError, ChannelOwner, State
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import MARKER_ENV, JobContext, Switchable, popen_spawner
-from slurm_chaos.faults.node_cpu import DutyCycle, NoisyLoad, marked
+from slurm_chaos.faults.node_cpu import HOLD_STOPPED_S, DutyCycle, NoisyLoad, marked
 from slurm_chaos.faults.node_net import QdiscToggle
 from slurm_chaos.faults.spec import parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
@@ -38,6 +38,10 @@ NOBODY = 65534
 
 def proc_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.fixture
@@ -327,15 +331,31 @@ def test_a_switched_off_noisy_neighbour_is_stopped_and_still_killed_by_the_undo(
 
     load = NoisyLoad("noisy-neighbour", ctx, lambda s: ["sleep", "60"], fs=Fs(), active=False)  # type: ignore[arg-type]
     load.extern = lambda job, fs: {"": "/"}
-    load.tick(time.time())
-    wait_until(lambda: len(marked(marker)) >= 2)
-    load.tick(time.time() + 1)  # the next hold stops the late child too
-    wait_until(lambda: all(proc_state(p.pid) == "T" for p in marked(marker)))
-    load.switch(True, time.time())
-    wait_until(lambda: all(proc_state(p.pid) != "T" for p in marked(marker)))
-    load.switch(False, time.time())
-    wait_until(lambda: all(proc_state(p.pid) == "T" for p in marked(marker)))
-    result = revert(ctx.journal, UndoContext(ctx.runner), by="test")
+    clock = [time.time()]
+
+    def held() -> bool:
+        """One more of the agent's ticks, each a hold later: a child forked (or caught mid-exec,
+        when its environment cannot be read) after one SIGSTOP is stopped by a later one."""
+        clock[0] += HOLD_STOPPED_S
+        load.tick(clock[0])
+        return all(still(p.pid) for p in marked(marker))
+
+    def still(pid: int) -> bool:
+        """Stopped, or a shell in vfork() waiting for a child stopped before its exec (state D,
+        where no signal reaches it): neither runs until the load is switched on."""
+        state = proc_state(pid)
+        return state == "T" or (state == "D" and any(ppid(c.pid) == pid for c in marked(marker)))
+
+    try:
+        load.tick(clock[0])
+        wait_until(lambda: len(marked(marker)) >= 2)
+        wait_until(held)
+        load.switch(True, time.time())
+        wait_until(lambda: all(proc_state(p.pid) not in "TD" for p in marked(marker)))
+        load.switch(False, time.time())
+        wait_until(held)
+    finally:
+        result = revert(ctx.journal, UndoContext(ctx.runner), by="test")
     assert "stopped" in result.undone[0]
     assert marked(marker) == []
 

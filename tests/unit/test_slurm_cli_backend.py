@@ -469,7 +469,7 @@ def test_job_record_from_squeue_fields_a_user_cannot_write() -> None:
     assert (job.num_nodes, job.nodes) == (1, ("node2",))
     assert job.end_time is not None and job.submit_time is not None
     assert (job.end_time - job.submit_time).total_seconds() == 601  # -t 10, started a second later
-    assert calls_to(runner, "squeue")[0][:3] == ("squeue", "--noheader", "--jobs=4")
+    assert calls_to(runner, "squeue")[0][:4] == ("squeue", "--noheader", "--jobs=4", "--states=all")
     assert calls_to(runner, "squeue")[1][:4] == ("squeue", "--noheader", "--states=all", "--nodelist=node2")
     task = cli.job_record("6")  # an array's id lists its tasks too: the row of job 6 is the one
     assert task.array and not task.exclusive and task.admin_comment == ""

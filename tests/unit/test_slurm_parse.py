@@ -384,3 +384,21 @@ def test_a_reused_job_id_is_a_new_job_not_a_requeue() -> None:
     records = parse.parse_sacct_parsable(lines["4"] + "\n" + reused + "\n")
     assert [(r.name, r.requeues) for r in records] == [("ok", 0), ("failing", 0)]
     assert parse.latest_runs(records)["4"].name == "failing"
+
+
+def test_scontrol_config_of_slurm_24_11_numbers_its_prolog_and_epilog() -> None:
+    """Seen in the Debian 13 sandbox (24.11.5): `Prolog[0] = ...`, not `Prolog = ...`."""
+    from slurm_chaos.slurm.parse import parse_scontrol_config
+
+    text = (
+        "Epilog[0]               = /etc/slurm/epilog\n"
+        "EpilogMsgTime           = 2000 usec\n"
+        "Prolog[0]               = /etc/slurm/prolog\n"
+        "PrologFlags             = Alloc,Contain\n"
+    )
+    conf = parse_scontrol_config(text)
+    assert (conf.prolog, conf.epilog, conf.prolog_flags) == (
+        "/etc/slurm/prolog",
+        "/etc/slurm/epilog",
+        ("Alloc", "Contain"),
+    )
