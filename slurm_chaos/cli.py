@@ -430,7 +430,7 @@ def _campaign(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from slurm_chaos.campaign.calibrate import run_calibration, write_calibration
+    from slurm_chaos.campaign.calibrate import calibration_plan, run_calibration, write_calibration
     from slurm_chaos.campaign.commands import Options, start
     from slurm_chaos.errors import UsageError
     from slurm_chaos.experiment import load_experiment
@@ -450,10 +450,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             raise UsageError("calibrate needs --site (to run A/A jobs) or --dirs (to analyse runs)")
         opts = _campaign_options(args)
         assert isinstance(opts, Options)
-        prepared = start(opts, [load_experiment(args.experiment, opts.experiments_dirs)], None, "calibration")
+        exp = load_experiment(args.experiment, opts.experiments_dirs)
+        prepared = start(opts, [exp], None, "calibration")
         if isinstance(prepared, str):
             print(prepared)
-            print(f"then {args.runs} A/A runs, every pair compared")
+            print(calibration_plan(exp, args.runs))
             return 0
         print(f"run directory: {prepared.run_dir}", file=sys.stderr)
         result = run_calibration(prepared, args.runs)
@@ -573,9 +574,11 @@ def _add_campaign(sub: Subparsers) -> None:
     p = _command(
         sub,
         "calibrate",
-        "A/A calibration: run the unfaulted control job N times, report the false-positive rate",
-        "Run the unfaulted control job N times (or analyse probe runs already made, --dirs), compare\n"
-        "every pair, and report the false-positive rate and the min_effect this cluster's noise needs.",
+        "A/A calibration: run the unfaulted control job N times, report the false-positive rates",
+        "Run the unfaulted control job N times (or analyse probe runs already made, --dirs). Each run of\n"
+        "a placebo experiment (control-aa) follows a placebo schedule of its own and is judged on its own\n"
+        "on/off blocks: the in-job test's false positives and MDE. Every pair of runs is compared too:\n"
+        "the between-run false-positive rate and the min_effect this cluster's noise needs.",
         "0 the false-positive rate is within bounds, 1 it is not (calibration.json is written either "
         "way), 2 bad input, 3 Slurm failed, 130 interrupted",
         "slurm-chaos calibrate --site site.yaml --runs 12 --out runs/aa",

@@ -132,15 +132,19 @@ def switchback_seed(run_id: str, name: str) -> int:
     return int.from_bytes(digest[:4], "big")
 
 
-def fault_schedule(site: Site, experiment: Experiment, run_id: str) -> SwitchbackSchedule | None:
+def fault_schedule(
+    site: Site, experiment: Experiment, run_id: str, replicate: int | None = None
+) -> SwitchbackSchedule | None:
     """The switchback schedule of the experiment's fault job in run ``run_id`` (a placebo for an
-    experiment without a fault); None for a between-runs experiment."""
+    experiment without a fault); None for a between-runs experiment. ``replicate`` tells apart the
+    jobs of one experiment that a run repeats (a calibration's placebo runs): each its own seed."""
     if experiment.design is not Design.SWITCHBACK:
         return None
     rank = experiment.fault.target.rank
+    name = experiment.name if replicate is None else f"{experiment.name}#{replicate}"
     return switchback_schedule(
         probe_steps(site, experiment),
-        switchback_seed(run_id, experiment.name),
+        switchback_seed(run_id, name),
         placebo=experiment.is_control,
         affected_ranks=() if rank is None else (rank,),
     )
@@ -179,15 +183,17 @@ def fault_spec(site: Site, experiment: Experiment, role: Role, run_id: str) -> s
     return switchback_spec(spec) if experiment.is_switchback else spec
 
 
-def render_job(site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str) -> str:
-    """The text of one sbatch script."""
+def render_job(
+    site: Site, experiment: Experiment, role: Role, job_dir: Path, run_id: str, replicate: int | None = None
+) -> str:
+    """The text of one sbatch script (``replicate``: see :func:`fault_schedule`)."""
     role = Role(role)
     experiment = with_site_deadlines(experiment, site.monitoring.deadlines)  # the hold's limit
     template = _environment().get_template(f"{role}.sbatch.j2")
     ckpt_dir = checkpoint_dir(site, experiment, role, run_id)
     hold = experiment.hold_limit_s if role is Role.FAULT else None
     spec = fault_spec(site, experiment, role, run_id)
-    schedule = fault_schedule(site, experiment, run_id) if role is Role.FAULT else None
+    schedule = fault_schedule(site, experiment, run_id, replicate) if role is Role.FAULT else None
     steps = probe_steps(site, experiment)
     return template.render(
         site=site,

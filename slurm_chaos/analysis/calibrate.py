@@ -41,9 +41,10 @@ from slurm_chaos.analysis.regression import (
     job_series,
 )
 from slurm_chaos.analysis.straggler import STEPS_READ
+from slurm_chaos.analysis.switchback import PlaceboCalibration, judge_switchback_run, placebo_calibration
 from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.errors import DataError
-from slurm_chaos.probe.reader import read_run
+from slurm_chaos.probe.reader import RunData, read_run
 from slurm_chaos.rundir import Expectation, FaultWindow, ObservationLog
 
 MAX_FALSE_POSITIVE_RATE = 0.01
@@ -58,11 +59,15 @@ class AACalibration:
     largest_change: float  # the largest |regression| between two runs, significant or not
     run_spread: float  # standard deviation of the runs' log median step time
     recommended_min_effect: float
+    #: The runs judged each on its own placebo schedule (runs that followed one), else None.
+    placebo: PlaceboCalibration | None = None
 
     @property
     def ok(self) -> bool:
-        """At most 1% false positives and every pair judged PASSED as the A/A control."""
-        return self.calibration.rate <= MAX_FALSE_POSITIVE_RATE and self.false_alarms == 0
+        """At most 1% false positives and every pair judged PASSED as the A/A control; and for
+        runs on placebo schedules, no more significant ones than the in-job test's level explains."""
+        between = self.calibration.rate <= MAX_FALSE_POSITIVE_RATE and self.false_alarms == 0
+        return between and (self.placebo is None or self.placebo.ok)
 
     @property
     def false_alarms(self) -> int:
@@ -83,6 +88,7 @@ class AACalibration:
             "run_spread": round(self.run_spread, 6),
             "recommended_min_effect": round(self.recommended_min_effect, 6),
             "verdicts": {v.value: n for v, n in sorted(self.verdicts.items())},
+            "placebo": None if self.placebo is None else self.placebo.to_json(),
             "ok": self.ok,
         }
 
@@ -104,6 +110,7 @@ class AACalibration:
                 f"{'<=' if c.rate <= MAX_FALSE_POSITIVE_RATE else '>'} "
                 f"{100 * MAX_FALSE_POSITIVE_RATE:.0f}%, "
                 f"{self.false_alarms} control verdicts not PASSED",
+                *([] if self.placebo is None else [f"  {self.placebo.summary()}"]),
             ]
         )
 
@@ -141,7 +148,10 @@ def _window(series: JobSeries) -> FaultWindow | None:
 
 
 def calibrate_series(
-    names: Sequence[str], series: Sequence[JobSeries], min_effect: float = MIN_EFFECT
+    names: Sequence[str],
+    series: Sequence[JobSeries],
+    min_effect: float = MIN_EFFECT,
+    placebo: PlaceboCalibration | None = None,
 ) -> AACalibration:
     """Compare every pair of runs and judge each as the A/A control experiment."""
     if len(series) < 2:
@@ -167,6 +177,7 @@ def calibrate_series(
         largest_change=max(changes, default=math.nan),
         run_spread=spread,
         recommended_min_effect=round(recommended, 4),
+        placebo=placebo,
     )
 
 
@@ -177,4 +188,22 @@ def calibrate_dirs(dirs: Sequence[Path], min_effect: float = MIN_EFFECT) -> AACa
     if len(sizes) > 1:
         shapes = ", ".join(f"{r.directory}: {r.world_size}" for r in runs)
         raise DataError(f"A/A runs must have the same number of ranks ({shapes})")
-    return calibrate_series([str(d) for d in dirs], [job_series(r) for r in runs], min_effect)
+    return calibrate_series([str(d) for d in dirs], [job_series(r) for r in runs], min_effect, _placebo(runs))
+
+
+def _placebo(runs: Sequence[RunData]) -> PlaceboCalibration | None:
+    """Each run that followed a placebo schedule judged on it (the in-job test's false positives);
+    None when no run did. A schedule that toggled a fault is refused: that run was not unfaulted."""
+    judged = []
+    for r in runs:
+        schedule = r.fault_schedule()
+        if schedule is None:
+            continue
+        if not schedule.placebo:
+            raise DataError(f"{r.directory}: its fault schedule toggled a fault: not an A/A run")
+        judged.append(judge_switchback_run(r, schedule, observed_state=r.observed_state()))
+    if judged and len(judged) != len(runs):
+        raise DataError(
+            f"A/A runs: {len(judged)} of {len(runs)} followed a placebo schedule, the others none"
+        )
+    return placebo_calibration(judged) if judged else None

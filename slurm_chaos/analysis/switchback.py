@@ -585,16 +585,39 @@ class PlaceboCalibration:
     rate: float
     upper_95: float  # one-sided Clopper-Pearson bound on the true rate
     mde_median: float
+    alpha: float = ALPHA
+
+    @property
+    def p_excess(self) -> float:
+        """The chance of at least this many false positives in this many runs if the test held
+        its level alpha (binomial tail): small when the runs show more than alpha explains."""
+        return float(sps.binom.sf(self.false_positives - 1, self.runs, self.alpha))
+
+    @property
+    def ok(self) -> bool:
+        """No more false positives than the test's level explains (the binomial tail >= 5%)."""
+        return self.p_excess >= 0.05
 
     def to_json(self) -> dict[str, Any]:
         return {
             "design": DESIGN,
             "runs": self.runs,
+            "alpha": self.alpha,
             "false_positives": self.false_positives,
             "false_positive_rate": round(self.rate, 6),
             "false_positive_rate_upper_95": round(self.upper_95, 6),
+            "p_excess": round(self.p_excess, 6),
             "mde_median": _round(self.mde_median),
+            "ok": self.ok,
         }
+
+    def summary(self) -> str:
+        return (
+            f"in-job test on placebo schedules: {self.runs} runs, {self.false_positives} significant "
+            f"at alpha {100 * self.alpha:g}% (rate {100 * self.rate:.1f}%, 95% upper bound "
+            f"{100 * self.upper_95:.1f}%); median MDE {100 * self.mde_median:.1f}%: "
+            + ("OK" if self.ok else "TOO MANY false positives for the test's level")
+        )
 
 
 def placebo_calibration(results: Sequence[SwitchbackResult]) -> PlaceboCalibration:
@@ -604,7 +627,11 @@ def placebo_calibration(results: Sequence[SwitchbackResult]) -> PlaceboCalibrati
     hits = sum(r.significant for r in results)
     total = len(results)
     upper = 1.0 if hits == total else float(sps.beta.ppf(0.95, hits + 1, total - hits))
-    return PlaceboCalibration(total, hits, hits / total, upper, float(np.median([r.mde for r in results])))
+    alphas = {r.alpha for r in results}
+    if len(alphas) != 1:
+        raise ValueError(f"placebo calibration of tests at different levels: {sorted(alphas)}")
+    mde = float(np.median([r.mde for r in results]))
+    return PlaceboCalibration(total, hits, hits / total, upper, mde, alphas.pop())
 
 
 def calibrate_placebo(

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import signal as sps
 
-from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name
+from slurm_chaos.probe.schema import SCHEMA_VERSION, STEP_FIELDS, rank_file_name, schedule_attrs
 from slurm_chaos.probe.writer import write_attrs
 from slurm_chaos.rundir import (
     Expectation,
@@ -46,6 +46,9 @@ from slurm_chaos.rundir import (
     write_schedule,
 )
 from slurm_chaos.schedule import SwitchbackSchedule
+
+#: The first probe schema that records a run's fault schedule.
+SCHEDULE_SCHEMA = 3
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -231,6 +234,8 @@ def write_run(
                 "numa_mismatch": False,
                 "gpu_index": r % m.ranks_per_host if m.gpus else -1,
             }
+            if schema_version >= SCHEDULE_SCHEMA:  # recorded as the probe records it
+                attrs |= schedule_attrs(m.schedule)
             if schema_version == 1:
                 f.attrs.update(attrs)
             else:

@@ -214,12 +214,15 @@ def plan(camp: Campaign, exp: Experiment) -> Plan:
 
 
 # ------------------------------------------------------------------ submit
-def submit(camp: Campaign, exp: Experiment, role: Role, label: str, job_dir: Path) -> SubmittedJob:
-    """Render the job script next to its output directory and submit it."""
+def submit(
+    camp: Campaign, exp: Experiment, role: Role, label: str, job_dir: Path, replicate: int | None = None
+) -> SubmittedJob:
+    """Render the job script next to its output directory and submit it (``replicate``: one of the
+    repeated jobs of a calibration, its schedule seeded apart)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     script = job_dir.parent / f"{job_dir.name}.sbatch"
     t0 = camp.clock.monotonic()
-    script.write_text(render_job(camp.site, exp, role, job_dir, camp.manifest.run_id))
+    script.write_text(render_job(camp.site, exp, role, job_dir, camp.manifest.run_id, replicate))
     camp.manifest.timings[f"{label}.{role}.render"] = camp.clock.monotonic() - t0
     script.chmod(0o755)
     try:
@@ -452,14 +455,28 @@ def collect(camp: Campaign, p: Plan, watched: Watched) -> ObservationLog:
 
 
 # ------------------------------------------------------------------ experiment
-def run_unfaulted(camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str) -> Path:
+def run_unfaulted(
+    camp: Campaign, exp: Experiment, label: str, job_dir: Path, title: str, replicate: int | None = None
+) -> Path:
     """Run the experiment's job without its fault (a baseline or an A/A run) to completion, once:
-    a run directory that already holds it completed (a resumed run) submits nothing."""
-    done = camp.manifest.job(label, Role.BASELINE)
+    a run directory that already holds it completed (a resumed run) submits nothing.
+
+    With ``replicate``, a placebo experiment (switchback, no fault) runs as its fault job does in a
+    campaign: on a placebo schedule of its own, seeded by the replicate, written beside its output
+    and followed by the probe, with nothing toggled."""
+    schedule = None if replicate is None else fault_schedule(camp.site, exp, camp.manifest.run_id, replicate)
+    if schedule is not None and not schedule.placebo:
+        raise UsageError(
+            f"{exp.path}: {exp.name} has a fault: only an unfaulted experiment runs as a placebo"
+        )
+    role = Role.BASELINE if schedule is None else Role.FAULT
+    done = camp.manifest.job(label, role)
     if done is not None and done.state == JobState.COMPLETED:
         return job_dir
     t0 = camp.clock.monotonic()
-    job = submit(camp, exp, Role.BASELINE, label, job_dir)
+    if schedule is not None:
+        rundir.write_schedule(job_dir, schedule.to_json())
+    job = submit(camp, exp, role, label, job_dir, replicate)
     watched = watch(camp, job, title)
     if watched.crashed:
         raise ChaosError(

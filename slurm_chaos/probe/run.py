@@ -20,7 +20,7 @@ from slurm_chaos.probe import checkpoint as ckpt
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.heartbeat import Heartbeat, this_node
 from slurm_chaos.probe.rendezvous import Rendezvous, init_process_group, resolve
-from slurm_chaos.probe.schema import ProbeMode, rank_file_name
+from slurm_chaos.probe.schema import ProbeMode, rank_file_name, schedule_attrs
 from slurm_chaos.probe.switch import ACK_TIMEOUT_S, FaultSwitch, StepFault, open_switch
 from slurm_chaos.probe.workload import CollectiveFailed, collective
 from slurm_chaos.probe.writer import PreviousAttempt, RankWriter, StepRecord, carry_over
@@ -350,7 +350,7 @@ def _run_train(
     if start == 0:
         trainer.broadcast_parameters()
     attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": start, "params": trainer.numel}
-    attrs |= _schedule_attrs(cfg.fault_schedule)
+    attrs |= schedule_attrs(cfg.fault_schedule)
     switch = _open_switch(cfg, rv)
     writer, previous = _open_writer(cfg, rv, attrs, fresh=start == 0 and rv.restart_count == 0)
     steps_lost = _record_resume(writer, start, load_time, previous, rv)
@@ -387,14 +387,6 @@ def _run_train(
         total_failures,
         str(cfg.out),
     )
-
-
-def _schedule_attrs(schedule: SwitchbackSchedule | None) -> dict[str, Any]:
-    """The schedule as the analysis reads it back: its JSON (the recorded assignment is what the
-    analysis trusts, not a regeneration from the seed) and the first step after the warm-up."""
-    if schedule is None:
-        return {}
-    return {"fault_schedule": schedule.dumps(), "fault_first_step": schedule.warmup_steps}
 
 
 def _open_switch(cfg: ProbeConfig, rv: Rendezvous) -> FaultSwitch | None:

@@ -73,6 +73,9 @@ h5py's ``swmr=True``) while it is being written or after its writer was killed.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
+
+from slurm_chaos.schedule import SwitchbackSchedule
 
 
 class ProbeMode(StrEnum):
@@ -137,3 +140,12 @@ ALLREDUCE_FIELDS = ("size_bytes", "time", "algbw", "busbw")
 def rank_file_name(rank: int) -> str:
     """Name of the file rank `rank` writes in the run directory."""
     return f"rank-{rank}.h5"
+
+
+def schedule_attrs(schedule: SwitchbackSchedule | None) -> dict[str, Any]:
+    """The file attributes of the schedule a run followed, as the analysis reads them back: its JSON
+    (the recorded assignment is what the analysis trusts, not a regeneration from the seed) and the
+    first step after the warm-up."""
+    if schedule is None:
+        return {}
+    return {"fault_schedule": schedule.dumps(), "fault_first_step": schedule.warmup_steps}

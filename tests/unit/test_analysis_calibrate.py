@@ -11,11 +11,13 @@ import pytest
 
 from slurm_chaos.analysis.calibrate import calibrate_dirs
 from slurm_chaos.analysis.model import Verdict
+from slurm_chaos.analysis.switchback import PlaceboCalibration
 from slurm_chaos.analysis.synthetic import JobModel, simulate, write_run
 from slurm_chaos.campaign.calibrate import write_calibration
 from slurm_chaos.cli import main
 from slurm_chaos.errors import DataError
 from slurm_chaos.rundir import load_recommended_min_effect
+from slurm_chaos.schedule import switchback_schedule
 
 MODEL = JobModel(ranks=2, steps=300, warmup_steps=10, noise=0.05, ar_phi=0.3)
 
@@ -112,3 +114,55 @@ def test_campaign_dry_run_checks_the_calibration_file(
     code = main(["campaign", "--site", str(site), "--dry-run", "--calibration", str(tmp_path / "none.json")])
     assert code == 2
     assert "none.json: no such calibration file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ placebo schedules
+
+
+def placebo_runs(tmp_path: Path, n: int, **model: object) -> list[Path]:
+    """n unfaulted runs of 500 steps, each on a placebo schedule of its own, recorded as the probe does."""
+    base = replace(MODEL, steps=500, **model)  # type: ignore[arg-type]
+    return [
+        write_run(
+            tmp_path / f"placebo-{i}",
+            simulate(replace(base, seed=70 + i, schedule=switchback_schedule(500, seed=i, placebo=True))),
+        )
+        for i in range(n)
+    ]
+
+
+def test_runs_on_placebo_schedules_calibrate_the_in_job_test_too(tmp_path: Path) -> None:
+    result = calibrate_dirs(placebo_runs(tmp_path, 8), min_effect=0.05)
+    p = result.placebo
+    assert p is not None and p.runs == 8 and p.alpha == 0.01
+    assert p.false_positives <= 1 and p.ok and result.ok
+    # 5% noise (AR 0.3) over 500 steps: the in-job test sees a few percent, not tens
+    assert 0 < p.mde_median < 0.05
+    record = json.loads(json.dumps(result.to_json()))["placebo"]
+    assert record["design"] == "switchback" and record["runs"] == 8 and record["ok"] is True
+    assert "in-job test on placebo schedules: 8 runs" in result.summary()
+
+
+def test_runs_without_a_schedule_have_no_placebo_calibration(tmp_path: Path) -> None:
+    result = calibrate_dirs(runs(tmp_path, 3))
+    assert result.placebo is None and result.to_json()["placebo"] is None
+    assert "placebo" not in result.summary()
+
+
+def test_a_run_whose_schedule_toggled_a_fault_or_a_mix_is_refused(tmp_path: Path) -> None:
+    toggled = write_run(
+        tmp_path / "toggled",
+        simulate(replace(MODEL, steps=500, schedule=switchback_schedule(500, seed=3))),
+    )
+    with pytest.raises(DataError, match="toggled a fault: not an A/A run"):
+        calibrate_dirs([*placebo_runs(tmp_path, 2), toggled])
+    with pytest.raises(DataError, match="1 of 3 followed a placebo schedule"):
+        calibrate_dirs([*runs(tmp_path / "plain", 2), *placebo_runs(tmp_path / "p", 1)])
+
+
+@pytest.mark.parametrize(("hits", "ok"), [(0, True), (1, True), (2, False), (10, False)])
+def test_more_significant_placebos_than_the_level_explains_is_too_many(hits: int, ok: bool) -> None:
+    cal = PlaceboCalibration(runs=10, false_positives=hits, rate=hits / 10, upper_95=1.0, mde_median=0.02)
+    # P(X >= 1 | 10, 1%) = 9.6%, P(X >= 2) = 0.4%
+    assert cal.ok is ok and (cal.p_excess >= 0.05) is ok
+    assert ("TOO MANY" in cal.summary()) is not ok

@@ -12,7 +12,7 @@ import pytest
 from slurm_chaos.analysis.commands import compare, compare_dirs, compare_switchback, report_dir
 from slurm_chaos.analysis.experiment import analyse_experiment
 from slurm_chaos.analysis.model import StragglerKind, Verdict
-from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, write_run_dir
+from slurm_chaos.analysis.synthetic import JobModel, SyntheticExperiment, simulate, write_run, write_run_dir
 from slurm_chaos.errors import UsageError
 from slurm_chaos.probe.reader import MissingProbeFiles
 from slurm_chaos.rundir import SCHEDULE, Expectation
@@ -121,8 +121,20 @@ def test_without_a_baseline_or_a_schedule_the_baseline_is_missing(tmp_path: Path
     exp = tmp_path / "slow-rank-sb"
     shutil.copytree(run_dir / "experiments" / "slow-rank-sb", exp)
     (exp / "fault" / SCHEDULE).unlink()
+    # probe files of schema 2, which record no schedule
+    write_run(exp / "fault", simulate(EXPERIMENTS[0].fault), schema_version=2)
     with pytest.raises(MissingProbeFiles, match="missing baseline run"):
         analyse_experiment(exp, "slow-rank-sb")
+
+
+def test_without_schedule_json_the_probes_schedule_is_judged(tmp_path: Path, run_dir: Path) -> None:
+    exp = tmp_path / "slow-rank-sb"
+    shutil.copytree(run_dir / "experiments" / "slow-rank-sb", exp)
+    (exp / "fault" / SCHEDULE).unlink()
+    r = analyse_experiment(exp, "slow-rank-sb").result
+    assert r.design == "switchback" and r.verdict is Verdict.PASSED, r.reason
+    assert r.comparison is not None and r.comparison.significant
+    assert [s.rank for s in r.stragglers] == [3]
 
 
 def test_compare_one_directory_judges_the_run_on_its_own_blocks(run_dir: Path) -> None:

@@ -644,3 +644,41 @@ def test_the_plan_names_the_design_and_no_baseline_for_a_switchback_experiment(s
     assert "baseline n2-t2-s300-train: shared by slow-rank-between-runs\n" in plan
     rows = {line.split()[0]: line.split()[3] for line in plan.split("\nEXPERIMENT")[1].splitlines()[1:]}
     assert rows == {"slow-rank-switchback": "switchback", "slow-rank-between-runs": "between-runs"}
+
+
+# ------------------------------------------------------------------ calibration runs
+
+
+def test_a_placebos_calibration_runs_follow_schedules_of_their_own(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    (exp,) = camp.experiments
+    seeds = []
+    for i in range(3):
+        job_dir = engine.run_unfaulted(camp, exp, f"aa:{i}", rundir.aa_dir(camp.run_dir, i), f"A/A {i}", i)
+        recorded = rundir.read_schedule(job_dir)
+        assert recorded is not None
+        schedule = schedule_from_json(recorded)
+        assert schedule.placebo and schedule == fault_schedule(site, exp, camp.manifest.run_id, i)
+        seeds.append(schedule.seed)
+        script = (job_dir.parent / f"{job_dir.name}.sbatch").read_text()
+        assert f"--fault-schedule {job_dir / rundir.SCHEDULE}" in script
+        assert "--chaos" not in script and "--fault-control" not in script  # nothing is toggled
+    assert len(set(seeds)) == 3 and len(fake.submissions) == 3
+    # the campaign's own control-aa job keeps the schedule it always had
+    assert fault_schedule(site, exp, camp.manifest.run_id).seed == switchback_seed(
+        camp.manifest.run_id, exp.name
+    )
+    # a resumed calibration does not run a completed replicate again
+    engine.run_unfaulted(camp, exp, "aa:0", rundir.aa_dir(camp.run_dir, 0), "A/A 0", 0)
+    assert len(fake.submissions) == 3
+
+
+def test_only_an_unfaulted_experiment_runs_as_a_placebo(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    camp = campaign(site, fake, clock, tmp_path, "slow-rank")
+    with pytest.raises(UsageError, match="has a fault: only an unfaulted experiment runs as a placebo"):
+        engine.run_unfaulted(camp, camp.experiments[0], "aa:0", rundir.aa_dir(camp.run_dir, 0), "A/A 0", 0)
+    assert fake.submissions == []
