@@ -1,7 +1,7 @@
 """Benchmark: how small a slow rank the in-job switchback detects on the sandbox, and its false alarms.
 
-Usage: python bench/bench_switchback_sandbox.py --site sandbox [--runs 20] [--placebo-runs 20]
-       [--percent 10 5] [--ranks 4] [--steps 500] [--out DIR]
+Usage: python bench/bench_switchback_sandbox.py [--site site_configs/sandbox.yaml] [--runs 20]
+       [--placebo-runs 20] [--percent 10 5] [--ranks 4] [--steps 500] [--model-size SIZE ...] [--out DIR]
 
 Issue #11's sandbox acceptance, measured: for each --percent, --runs jobs of --ranks ranks where
 rank 1 loses that share of its time in the on blocks of a seeded switchback schedule (slow-rank
@@ -14,6 +14,9 @@ is its own slurm-chaos run (``slurm-chaos run``), one after the other; nothing i
 
 Acceptance (#11): at 10% at least 19 of 20 significant with rank 1 named; at 5% at least 16 of 20;
 at most 3 significant of 100 placebo runs; the reported mde at most 5%.
+
+``--model-size`` runs every set once per probe model size (the site file copied with
+``probe.model_size`` set), so the sizes' noise is measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -122,31 +125,48 @@ def summary(label: str, outcomes: list[Outcome], seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--site", default="sandbox")
+    parser.add_argument("--site", default="site_configs/sandbox.yaml")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--placebo-runs", type=int, default=20)
     parser.add_argument("--percent", type=int, nargs="*", default=[10, 5])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--model-size", nargs="*", default=[], help="probe model sizes to compare")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        sites = {size: site_with(Path(args.site), size, root) for size in args.model_size} or {"": args.site}
         sets: list[tuple[str, int | None, int]] = [(f"slow {p}%", p, args.runs) for p in args.percent]
         sets.append(("placebo", None, args.placebo_runs))
         lines = []
+        # Interleaved: set by set, the sizes one after the other, so a drift of the machine hits all.
         for label, percent, runs in sets:
-            name = "sb-placebo" if percent is None else f"sb-slow-{percent}"
-            exp = experiment(root, name, percent, args.ranks, args.steps)
-            t0 = time.perf_counter()
-            outcomes = []
-            for i in range(runs):
-                outcomes.append(one(args.site, exp, root / f"{name}-{i:03d}"))
-                print(f"  {label} {i + 1}/{runs}: {outcomes[-1]}", file=sys.stderr, flush=True)
-            lines.append(summary(label, outcomes, time.perf_counter() - t0))
-            print(lines[-1], flush=True)
+            for size, site in sites.items():
+                name = ("sb-placebo" if percent is None else f"sb-slow-{percent}") + (
+                    f"-{size}" if size else ""
+                )
+                exp = experiment(root, name, percent, args.ranks, args.steps)
+                t0 = time.perf_counter()
+                outcomes = []
+                for i in range(runs):
+                    outcomes.append(one(site, exp, root / f"{name}-{i:03d}"))
+                    print(f"  {label} {size} {i + 1}/{runs}: {outcomes[-1]}", file=sys.stderr, flush=True)
+                lines.append(summary(f"{label} {size}".strip(), outcomes, time.perf_counter() - t0))
+                print(lines[-1], flush=True)
         print("\n".join(["", f"{args.ranks} ranks, {args.steps} steps, site {args.site}", *lines]))
+
+
+def site_with(site: Path, model_size: str, root: Path) -> str:
+    """A copy of the site file whose probe runs ``model_size`` (placeholders left for the sandbox)."""
+    import yaml
+
+    data = yaml.safe_load(site.read_text())
+    data.setdefault("probe", {})["model_size"] = model_size
+    path = root / f"{site.stem}-{model_size}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,13 @@ class ModelSize:
     batch: int
 
 
-# tiny: a CPU sandbox step in ~20 ms on one core; small (5M parameters): ~0.9 s on one core, ms on a GPU;
+# tiny: a CPU sandbox step in ~20 ms on one core; mini (0.7M parameters): ~30 ms of compute on one
+# core, long enough that a switchback block of 10-15 steps outlasts the OS's scheduling jitter;
+# small (5M parameters): ~0.9 s on one core, ms on a GPU;
 # medium/large: realistic per-GPU loads (about 110M and 350M parameters).
 MODEL_SIZES = {
     "tiny": ModelSize(vocab=512, d_model=64, heads=4, layers=2, seq_len=64, batch=8),
+    "mini": ModelSize(vocab=1024, d_model=128, heads=4, layers=2, seq_len=128, batch=8),
     "small": ModelSize(vocab=4096, d_model=256, heads=4, layers=4, seq_len=128, batch=16),
     "medium": ModelSize(vocab=32768, d_model=768, heads=12, layers=12, seq_len=512, batch=8),
     "large": ModelSize(vocab=32768, d_model=1024, heads=16, layers=24, seq_len=1024, batch=8),
