@@ -3,11 +3,14 @@
 ``python -m slurm_chaos.observe.exporter --port P --heartbeat-dir D`` serves, on every scrape, what
 the heartbeat files and the health check's state files say right now: per rank step, compute and
 communication time, its straggler ratio, checkpoint failures and NUMA mismatch; per node the
-result of each check. Stale heartbeats (ranks that ended) are left out, so alerts resolve.
+result of each check. Counters (Prometheus' ``_total`` names) count what only grows: a rank's failed
+checkpoint writes, the files the exporter rejected; everything else is a gauge. Stale heartbeats
+(ranks that ended) are left out, so alerts resolve.
 
 Each file is read on its own: one that is malformed or not trusted (see heartbeat.py; a state
 file must be its directory owner's, in a directory no one else writes) is skipped and counted in
-``slurm_chaos_exporter_rejected_files``, never fatal to the scrape. A scrape that fails all the
+``slurm_chaos_exporter_rejected_files_total`` (per read, since the exporter started), never fatal to
+the scrape. A scrape that fails all the
 same, or an exporter that is down, fires ChaosExporterDown (site_configs/alerts).
 
 Only the signals the site's health-check config enables are exported: a monitoring set-up that
@@ -25,6 +28,7 @@ import re
 import signal
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from slurm_chaos.errors import ChaosError
@@ -76,12 +80,15 @@ def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
-def probe_metrics(
-    beats: list[Beat], signals: frozenset[str], th: Thresholds, now: float
-) -> list[GaugeMetricFamily]:
-    """Per-rank gauges from the fresh heartbeats, for the enabled signals only."""
+def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
+    """A counter family `name`; its samples are exposed as ``<name>_total``."""
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+def probe_metrics(beats: list[Beat], signals: frozenset[str], th: Thresholds, now: float) -> list[Metric]:
+    """Per-rank metrics from the fresh heartbeats, for the enabled signals only."""
     fresh = [b for b in beats if b.fresh(now, th.stale_after_s)]
-    out: list[GaugeMetricFamily] = []
+    out: list[Metric] = []
     if "straggler" in signals:
         step = _gauge(
             "slurm_chaos_probe_step_seconds", "Mean step time over the rank's last steps", RANK_LABELS
@@ -110,7 +117,8 @@ def probe_metrics(
                 ratio.add_metric(labels, r)
         out += [step, compute, comm, last, age, ratio]
     if "checkpoint" in signals:
-        ckpt = _gauge(
+        # A count over the rank's run: it only grows (a new run is a new series: its job or rank differ).
+        ckpt = _counter(
             "slurm_chaos_probe_checkpoint_failures", "Checkpoint writes that failed in this run", RANK_LABELS
         )
         for b in fresh:
@@ -215,25 +223,35 @@ def health_metrics(states: list[NodeState], signals: frozenset[str], now: float)
     return [ok, status, age]
 
 
-def rejected_metric(heartbeats: int, states: int) -> GaugeMetricFamily:
-    gauge = _gauge(
+#: The kinds of input file the exporter reads (the ``kind`` label of its rejected-file counter).
+REJECTED_KINDS = ("heartbeat", "health")
+
+
+def rejected_metric(totals: dict[str, int]) -> CounterMetricFamily:
+    """Files skipped as malformed or not trusted, summed over every read since the exporter started:
+    a file rejected on each scrape adds one each time, so its rate shows it is still there."""
+    counter = _counter(
         "slurm_chaos_exporter_rejected_files",
-        "Input files skipped on this scrape as malformed or not trusted",
+        "Input files skipped as malformed or not trusted, over every read since the exporter started",
         ["kind"],
     )
-    gauge.add_metric(["heartbeat"], heartbeats)
-    gauge.add_metric(["health"], states)
-    return gauge
+    for kind in REJECTED_KINDS:
+        counter.add_metric([kind], totals.get(kind, 0))
+    return counter
 
 
 class ChaosCollector(Collector):
-    """Reads the files afresh on each scrape: what is exported is what the node shows now."""
+    """Reads the files afresh on each scrape: what is exported is what the node shows now (only the
+    rejected-file counter carries over from one read to the next)."""
 
     def __init__(self, sources: Sources, clock: Any = time.time) -> None:
         self.sources = sources
         self.clock = clock
+        self._rejected = dict.fromkeys(REJECTED_KINDS, 0)
+        # The HTTP server collects in a thread per scrape: the counter must not lose an increment.
+        self._lock = threading.Lock()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         now = self.clock()
         opts = self.sources.options()
         enabled = _gauge(
@@ -248,7 +266,11 @@ class ChaosCollector(Collector):
         yield from health_metrics(states, opts.signals, now)
         for line in (*scan.rejected, *bad_states):
             log.debug("skipped %s", line)
-        yield rejected_metric(len(scan.rejected), len(bad_states))
+        with self._lock:
+            self._rejected["heartbeat"] += len(scan.rejected)
+            self._rejected["health"] += len(bad_states)
+            totals = dict(self._rejected)
+        yield rejected_metric(totals)
 
 
 def _parser() -> argparse.ArgumentParser:

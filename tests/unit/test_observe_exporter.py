@@ -42,6 +42,18 @@ def registry(tmp_path: Path, signals: frozenset[str] | None = None) -> Collector
     return reg
 
 
+Snapshot = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def snapshot(reg: CollectorRegistry) -> Snapshot:
+    """Every sample of one read (``get_sample_value`` reads afresh each time, and counters count reads)."""
+    return {(s.name, frozenset(s.labels.items())): s.value for m in reg.collect() for s in m.samples}
+
+
+def sample(snap: Snapshot, name: str, labels: dict[str, str]) -> float | None:
+    return snap.get((name, frozenset(labels.items())))
+
+
 def labels(rank: int, host: str, job: str = "12", world: int = 3) -> dict[str, str]:
     return {"job_id": job, "rank": str(rank), "host": host, "world_size": str(world), "mode": "train"}
 
@@ -56,7 +68,7 @@ def test_rank_metrics_and_straggler_ratio(tmp_path: Path) -> None:
     assert value("slurm_chaos_probe_last_step", labels(0, "node1")) == 4
     assert value("slurm_chaos_probe_straggler_ratio", labels(1, "node2")) == pytest.approx(2.0)
     assert value("slurm_chaos_probe_straggler_ratio", labels(0, "node1")) == pytest.approx(0.05 / 0.075)
-    assert value("slurm_chaos_probe_checkpoint_failures", labels(2, "node3")) == 2
+    assert value("slurm_chaos_probe_checkpoint_failures_total", labels(2, "node3")) == 2
     assert value("slurm_chaos_probe_numa_mismatch", labels(2, "node3")) == 1
     assert value("slurm_chaos_probe_numa_mismatch", labels(0, "node1")) == 0
     assert value("slurm_chaos_probe_heartbeat_age_seconds", labels(0, "node1")) == pytest.approx(1.0)
@@ -74,7 +86,7 @@ def test_disabled_signals_export_nothing(tmp_path: Path) -> None:
     reg = registry(tmp_path, frozenset({"numa"}))
     assert reg.get_sample_value("slurm_chaos_probe_straggler_ratio", labels(1, "node2")) is None
     assert reg.get_sample_value("slurm_chaos_probe_step_seconds", labels(1, "node2")) is None
-    assert reg.get_sample_value("slurm_chaos_probe_checkpoint_failures", labels(2, "node3")) is None
+    assert reg.get_sample_value("slurm_chaos_probe_checkpoint_failures_total", labels(2, "node3")) is None
     assert reg.get_sample_value("slurm_chaos_probe_numa_mismatch", labels(2, "node3")) == 1
     assert reg.get_sample_value("slurm_chaos_signal_enabled", {"signal": "straggler"}) == 0
 
@@ -113,11 +125,25 @@ def test_one_bad_file_never_fails_the_scrape(tmp_path: Path) -> None:
     )  # not its own
     (states / "node3.json").write_text(json.dumps({"node": "node3", "time": NOW, "results": [{"check": 1}]}))
     reg = registry(tmp_path)
-    value = reg.get_sample_value
-    assert value("slurm_chaos_probe_step_seconds", labels(1, "node2", world=2)) == pytest.approx(0.12)
-    assert value("slurm_chaos_exporter_rejected_files", {"kind": "heartbeat"}) == 1
-    assert value("slurm_chaos_exporter_rejected_files", {"kind": "health"}) == 2
-    assert value("slurm_chaos_health_check_age_seconds", {"node": "node3"}) == 0
+    first = snapshot(reg)
+    assert sample(first, "slurm_chaos_probe_step_seconds", labels(1, "node2", world=2)) == pytest.approx(0.12)
+    assert sample(first, "slurm_chaos_exporter_rejected_files_total", {"kind": "heartbeat"}) == 1
+    assert sample(first, "slurm_chaos_exporter_rejected_files_total", {"kind": "health"}) == 2
+    assert sample(first, "slurm_chaos_health_check_age_seconds", {"node": "node3"}) == 0
+    # A counter: every read that skips a file adds to it, so a file still there keeps it rising.
+    second = snapshot(reg)
+    assert sample(second, "slurm_chaos_exporter_rejected_files_total", {"kind": "heartbeat"}) == 2
+    assert sample(second, "slurm_chaos_exporter_rejected_files_total", {"kind": "health"}) == 4
+
+
+def test_counters_are_exposed_as_total_and_gauges_are_not(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10)])
+    types = {m.name: m.type for m in registry(tmp_path).collect()}
+    assert types["slurm_chaos_probe_checkpoint_failures"] == "counter"
+    assert types["slurm_chaos_exporter_rejected_files"] == "counter"
+    gauges = {name for name, kind in types.items() if kind == "gauge"}
+    assert "slurm_chaos_probe_step_seconds" in gauges and "slurm_chaos_probe_last_step" in gauges
+    assert not any(name.endswith("_total") for name in gauges)
 
 
 def test_health_state_others_may_write_is_not_trusted(tmp_path: Path) -> None:
@@ -131,7 +157,8 @@ def test_health_state_others_may_write_is_not_trusted(tmp_path: Path) -> None:
     os.chown(states / "node2.json", 0, 0)
     states.chmod(0o1777)  # a directory anyone may write in
     assert reg.get_sample_value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) is None
-    assert reg.get_sample_value("slurm_chaos_exporter_rejected_files", {"kind": "health"}) == 1
+    # One rejection per read: the file, then the whole directory, and now (the third read) again.
+    assert reg.get_sample_value("slurm_chaos_exporter_rejected_files_total", {"kind": "health"}) == 3
 
 
 def _free_port() -> int:

@@ -99,22 +99,26 @@ def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
 
 
 def test_rejected_input_files_warn(tmp_path: Path) -> None:
-    series = 'slurm_chaos_exporter_rejected_files{instance="e:1",job="slurm-chaos",kind="heartbeat"}'
+    series = 'slurm_chaos_exporter_rejected_files_total{instance="e:1",job="slurm-chaos",kind="heartbeat"}'
     labels = {"severity": "warning", "signal": "exporter", "instance": "e:1", "kind": "heartbeat"}
-    summary = "the slurm-chaos exporter e:1 skips 2 heartbeat file(s): malformed or not trusted"
+    summary = "the slurm-chaos exporter e:1 skips heartbeat files: malformed or not trusted"
     done = promtool_test(
         tmp_path,
         [
             {
                 "interval": "2s",
-                "input_series": [{"series": series, "values": "0 0 2x20"}],
+                # Nothing rejected for 20 s; then one file on every scrape (the counter counts reads) for
+                # 40 s; then none: the counter stays where it is and the alert resolves.
+                "input_series": [{"series": series, "values": "0x10 1+1x20 21x40"}],
                 "alert_rule_test": [
                     {"eval_time": "20s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
+                    {"eval_time": "40s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
                     {
-                        "eval_time": "40s",
+                        "eval_time": "60s",
                         "alertname": "ChaosExporterRejectedInput",
                         "exp_alerts": [_alert(labels, summary)],
                     },
+                    {"eval_time": "130s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
                 ],
             }
         ],
@@ -217,7 +221,10 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
             {
                 "interval": "2s",
                 "input_series": [
-                    {"series": f"slurm_chaos_probe_checkpoint_failures{{{RANK}}}", "values": "0 0 1 1 1 1"},
+                    {
+                        "series": f"slurm_chaos_probe_checkpoint_failures_total{{{RANK}}}",
+                        "values": "0 0 1 1 1 1",
+                    },
                     {"series": f'slurm_chaos_health_check_ok{{check="numa",{hc}}}', "values": "1 0 0 0 0 0"},
                     {
                         "series": f'slurm_chaos_health_check_ok{{check="gpu_xid",{hc}}}',
