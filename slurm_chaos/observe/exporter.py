@@ -3,7 +3,10 @@
 ``python -m slurm_chaos.observe.exporter --port P --heartbeat-dir D`` serves, on every scrape, what
 the heartbeat files and the health check's state files say right now: per rank step, compute and
 communication time, its straggler ratio, checkpoint failures and NUMA mismatch; per node the
-result of each check. Counters (Prometheus' ``_total`` names) count what only grows: a rank's failed
+result of each check. Per-rank and per-node series carry the node under dcgm-exporter's name too
+(``Hostname``), and a rank's GPU (``gpu``, NVML's index) where its heartbeat says, so a site's rules
+can join them with dcgm-exporter's and node_exporter's (``--node-label``/``--gpu-label`` rename them).
+Counters (Prometheus' ``_total`` names) count what only grows: a rank's failed
 checkpoint writes, the files the exporter rejected; everything else is a gauge. Stale heartbeats
 (ranks that ended) are left out, so alerts resolve.
 
@@ -46,7 +49,6 @@ from slurm_chaos.probe.heartbeat import Beat, scan_heartbeats, straggler_ratio
 
 log = logging.getLogger(__name__)
 
-RANK_LABELS = ["job_id", "rank", "host", "world_size", "mode"]
 # A node's health result older than this is from a check that no longer runs.
 HEALTH_STALE_S = 120.0
 
@@ -72,64 +74,95 @@ class Sources:
         return self.states or self.heartbeats.parent / "health"
 
 
-def _rank_labels(b: Beat) -> list[str]:
-    return [b.job_id, str(b.rank), b.host, str(b.world_size), b.mode]
+#: Labels of our own on the per-rank and per-node series; a join label may not take one of these names.
+OWN_LABELS = frozenset({"job_id", "rank", "host", "world_size", "mode", "node", "check", "kind", "signal"})
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
-def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=list(labels))
+@dataclass(frozen=True)
+class JoinLabels:
+    """The names of the labels that let a site's rules join our series with its own exporters':
+    the node, as dcgm-exporter names it (``Hostname``; node_exporter's ``instance`` is the scrape
+    target's, which Prometheus sets), and the GPU's NVML index (dcgm-exporter's ``gpu``)."""
+
+    node: str = "Hostname"
+    gpu: str = "gpu"
+
+    def __post_init__(self) -> None:
+        for what, name in (("node", self.node), ("gpu", self.gpu)):
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__") or name in OWN_LABELS:
+                raise ValueError(f"{what} label {name!r}: not a label name of its own")
+        if self.node == self.gpu:
+            raise ValueError(f"node and gpu label are both {self.node!r}")
 
 
-def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
+def rank_labels(b: Beat, join: JoinLabels) -> dict[str, str]:
+    """A rank's series labels: ours, the node under the join name too, and its GPU where known."""
+    labels = {
+        "job_id": b.job_id,
+        "rank": str(b.rank),
+        "host": b.host,
+        join.node: b.host,
+        "world_size": str(b.world_size),
+        "mode": b.mode,
+    }
+    if b.gpu is not None:
+        labels[join.gpu] = str(b.gpu)
+    return labels
+
+
+def _gauge(name: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc)
+
+
+def _counter(name: str, doc: str) -> CounterMetricFamily:
     """A counter family `name`; its samples are exposed as ``<name>_total``."""
-    return CounterMetricFamily(name, doc, labels=list(labels))
+    return CounterMetricFamily(name, doc)
 
 
-def probe_metrics(beats: list[Beat], signals: frozenset[str], th: Thresholds, now: float) -> list[Metric]:
+def _add(family: Metric, labels: dict[str, str], value: float) -> None:
+    """One sample; by label dict, as a rank without a GPU has no ``gpu`` label at all (not an empty one)."""
+    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
+
+
+def probe_metrics(
+    beats: list[Beat], signals: frozenset[str], th: Thresholds, now: float, join: JoinLabels = JoinLabels()
+) -> list[Metric]:
     """Per-rank metrics from the fresh heartbeats, for the enabled signals only."""
     fresh = [b for b in beats if b.fresh(now, th.stale_after_s)]
     out: list[Metric] = []
     if "straggler" in signals:
-        step = _gauge(
-            "slurm_chaos_probe_step_seconds", "Mean step time over the rank's last steps", RANK_LABELS
-        )
-        compute = _gauge("slurm_chaos_probe_compute_seconds", "Mean compute time per step", RANK_LABELS)
-        comm = _gauge("slurm_chaos_probe_comm_seconds", "Mean communication time per step", RANK_LABELS)
-        last = _gauge("slurm_chaos_probe_last_step", "Last step the rank reported", RANK_LABELS)
-        age = _gauge(
-            "slurm_chaos_probe_heartbeat_age_seconds", "Seconds since the rank's heartbeat", RANK_LABELS
-        )
+        step = _gauge("slurm_chaos_probe_step_seconds", "Mean step time over the rank's last steps")
+        compute = _gauge("slurm_chaos_probe_compute_seconds", "Mean compute time per step")
+        comm = _gauge("slurm_chaos_probe_comm_seconds", "Mean communication time per step")
+        last = _gauge("slurm_chaos_probe_last_step", "Last step the rank reported")
+        age = _gauge("slurm_chaos_probe_heartbeat_age_seconds", "Seconds since the rank's heartbeat")
         ratio = _gauge(
             "slurm_chaos_probe_straggler_ratio",
             "Rank's compute time over the median of its job's other ranks",
-            RANK_LABELS,
         )
         steady = [b for b in fresh if b.window >= th.straggler_min_steps]
         for b in fresh:
-            labels = _rank_labels(b)
-            step.add_metric(labels, b.step_time)
-            compute.add_metric(labels, b.compute_time)
-            comm.add_metric(labels, b.comm_time)
-            last.add_metric(labels, b.step)
-            age.add_metric(labels, now - b.time)
+            labels = rank_labels(b, join)
+            _add(step, labels, b.step_time)
+            _add(compute, labels, b.compute_time)
+            _add(comm, labels, b.comm_time)
+            _add(last, labels, b.step)
+            _add(age, labels, now - b.time)
             r = straggler_ratio(b, steady) if b.window >= th.straggler_min_steps else None
             if r is not None:
-                ratio.add_metric(labels, r)
+                _add(ratio, labels, r)
         out += [step, compute, comm, last, age, ratio]
     if "checkpoint" in signals:
         # A count over the rank's run: it only grows (a new run is a new series: its job or rank differ).
-        ckpt = _counter(
-            "slurm_chaos_probe_checkpoint_failures", "Checkpoint writes that failed in this run", RANK_LABELS
-        )
+        ckpt = _counter("slurm_chaos_probe_checkpoint_failures", "Checkpoint writes that failed in this run")
         for b in fresh:
-            ckpt.add_metric(_rank_labels(b), b.checkpoint_failures)
+            _add(ckpt, rank_labels(b, join), b.checkpoint_failures)
         out.append(ckpt)
     if "numa" in signals:
-        numa = _gauge(
-            "slurm_chaos_probe_numa_mismatch", "1 if the rank's GPU is on a remote NUMA node", RANK_LABELS
-        )
+        numa = _gauge("slurm_chaos_probe_numa_mismatch", "1 if the rank's GPU is on a remote NUMA node")
         for b in fresh:
-            numa.add_metric(_rank_labels(b), 1.0 if b.numa_mismatch else 0.0)
+            _add(numa, rank_labels(b, join), 1.0 if b.numa_mismatch else 0.0)
         out.append(numa)
     return out
 
@@ -197,29 +230,24 @@ def _read_state(dir_fd: int, name: str, stem: str, owner: int) -> NodeState | st
     return parse_state(text, stem)
 
 
-def health_metrics(states: list[NodeState], signals: frozenset[str], now: float) -> list[GaugeMetricFamily]:
+def health_metrics(
+    states: list[NodeState], signals: frozenset[str], now: float, join: JoinLabels = JoinLabels()
+) -> list[Metric]:
     """Per node and check: the health check's last result (1 ok / 0 failed) and its Nagios status."""
-    ok = _gauge(
-        "slurm_chaos_health_check_ok",
-        "1 if the check passed (OK or WARNING) on its last run",
-        ["node", "check"],
-    )
-    status = _gauge(
-        "slurm_chaos_health_check_status", "Nagios status: 0 OK 1 WARNING 2 CRITICAL", ["node", "check"]
-    )
-    age = _gauge(
-        "slurm_chaos_health_check_age_seconds", "Seconds since the node's last health check", ["node"]
-    )
+    ok = _gauge("slurm_chaos_health_check_ok", "1 if the check passed (OK or WARNING) on its last run")
+    status = _gauge("slurm_chaos_health_check_status", "Nagios status: 0 OK 1 WARNING 2 CRITICAL")
+    age = _gauge("slurm_chaos_health_check_age_seconds", "Seconds since the node's last health check")
     for state in states:
         # A time ahead of now is clamped: it must not keep a result fresh for ever.
         when = min(state.time, now)
         if now - when > HEALTH_STALE_S:
             continue
-        age.add_metric([state.node], now - when)
+        node = {"node": state.node, join.node: state.node}
+        _add(age, node, now - when)
         for check, code in state.results:
             if check in signals:
-                ok.add_metric([state.node, check], 0.0 if code == CRITICAL else 1.0)
-                status.add_metric([state.node, check], code if code in (OK, WARNING, CRITICAL) else 3)
+                _add(ok, node | {"check": check}, 0.0 if code == CRITICAL else 1.0)
+                _add(status, node | {"check": check}, code if code in (OK, WARNING, CRITICAL) else 3)
     return [ok, status, age]
 
 
@@ -233,10 +261,9 @@ def rejected_metric(totals: dict[str, int]) -> CounterMetricFamily:
     counter = _counter(
         "slurm_chaos_exporter_rejected_files",
         "Input files skipped as malformed or not trusted, over every read since the exporter started",
-        ["kind"],
     )
     for kind in REJECTED_KINDS:
-        counter.add_metric([kind], totals.get(kind, 0))
+        _add(counter, {"kind": kind}, totals.get(kind, 0))
     return counter
 
 
@@ -244,9 +271,10 @@ class ChaosCollector(Collector):
     """Reads the files afresh on each scrape: what is exported is what the node shows now (only the
     rejected-file counter carries over from one read to the next)."""
 
-    def __init__(self, sources: Sources, clock: Any = time.time) -> None:
+    def __init__(self, sources: Sources, clock: Any = time.time, join: JoinLabels = JoinLabels()) -> None:
         self.sources = sources
         self.clock = clock
+        self.join = join
         self._rejected = dict.fromkeys(REJECTED_KINDS, 0)
         # The HTTP server collects in a thread per scrape: the counter must not lose an increment.
         self._lock = threading.Lock()
@@ -254,16 +282,14 @@ class ChaosCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
         opts = self.sources.options()
-        enabled = _gauge(
-            "slurm_chaos_signal_enabled", "1 if this monitoring set-up watches the signal", ["signal"]
-        )
+        enabled = _gauge("slurm_chaos_signal_enabled", "1 if this monitoring set-up watches the signal")
         for name in SIGNALS:
-            enabled.add_metric([name], 1.0 if name in opts.signals else 0.0)
+            _add(enabled, {"signal": name}, 1.0 if name in opts.signals else 0.0)
         yield enabled
         scan = scan_heartbeats(self.sources.heartbeats)
-        yield from probe_metrics(list(scan.beats), opts.signals, opts.thresholds, now)
+        yield from probe_metrics(list(scan.beats), opts.signals, opts.thresholds, now, self.join)
         states, bad_states = read_states(self.sources.state_dir)
-        yield from health_metrics(states, opts.signals, now)
+        yield from health_metrics(states, opts.signals, now, self.join)
         for line in (*scan.rejected, *bad_states):
             log.debug("skipped %s", line)
         with self._lock:
@@ -282,13 +308,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-dir", type=Path, required=True, help="probe heartbeat directory")
     p.add_argument("--state-dir", type=Path, help="health-check results (default: <heartbeat-dir>/../health)")
     p.add_argument("--config", type=Path, help="the health check's TOML config: enabled signals, thresholds")
+    p.add_argument(
+        "--node-label",
+        default=JoinLabels.node,
+        help="label naming the node beside 'host'/'node', to join the site's series (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gpu-label",
+        default=JoinLabels.gpu,
+        help="label naming a rank's GPU (NVML index), where its heartbeat says (default: %(default)s)",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        join = JoinLabels(args.node_label, args.gpu_label)
+    except ValueError as exc:
+        parser.error(str(exc))
     registry = CollectorRegistry()
-    registry.register(ChaosCollector(Sources(args.heartbeat_dir, args.state_dir, args.config)))
+    registry.register(ChaosCollector(Sources(args.heartbeat_dir, args.state_dir, args.config), join=join))
     try:
         start_http_server(args.port, addr=args.address, registry=registry)
     except OSError as exc:

@@ -361,8 +361,12 @@ def _run_train(
         f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
         f"backend {backend}, steps {start}..{cfg.steps - 1}",
     )
-    # The health check and the exporter watch the probe through its heartbeat file.
-    heartbeat = Heartbeat(None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode)
+    # The health check and the exporter watch the probe through its heartbeat file. The GPU index
+    # only where NVML numbered it, as dcgm-exporter does; CUDA's own numbering would not join.
+    gpu_index = gpu.index if gpu is not None and nvml is not None else None
+    heartbeat = Heartbeat(
+        None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode, gpu=gpu_index
+    )
     numa = bool(attrs.get("numa_mismatch", False))
     with _closing_on_failure(writer, sampler, rv, host), contextlib.closing(heartbeat):
         times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start, heartbeat, numa, switch)

@@ -16,7 +16,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from slurm_chaos.observe import healthcheck as hc
 from slurm_chaos.observe.checks import SIGNALS
-from slurm_chaos.observe.exporter import ChaosCollector, Sources
+from slurm_chaos.observe.exporter import ChaosCollector, JoinLabels, Sources, main
 from slurm_chaos.probe.heartbeat import Heartbeat
 
 NOW = 5000.0
@@ -32,13 +32,16 @@ def write_beats(
             hb._last_write = float("-inf")
 
 
-def registry(tmp_path: Path, signals: frozenset[str] | None = None) -> CollectorRegistry:
+def registry(
+    tmp_path: Path, signals: frozenset[str] | None = None, join: JoinLabels | None = None
+) -> CollectorRegistry:
     config = None
     if signals is not None:
         config = tmp_path / "hc.toml"
         config.write_text(hc.render_config(hc.Options(signals=signals)))
     reg = CollectorRegistry()
-    reg.register(ChaosCollector(Sources(tmp_path / "hb", tmp_path / "health", config), clock=lambda: NOW))
+    sources = Sources(tmp_path / "hb", tmp_path / "health", config)
+    reg.register(ChaosCollector(sources, clock=lambda: NOW, join=join or JoinLabels()))
     return reg
 
 
@@ -55,7 +58,14 @@ def sample(snap: Snapshot, name: str, labels: dict[str, str]) -> float | None:
 
 
 def labels(rank: int, host: str, job: str = "12", world: int = 3) -> dict[str, str]:
-    return {"job_id": job, "rank": str(rank), "host": host, "world_size": str(world), "mode": "train"}
+    return {
+        "job_id": job,
+        "rank": str(rank),
+        "host": host,
+        "Hostname": host,
+        "world_size": str(world),
+        "mode": "train",
+    }
 
 
 def test_rank_metrics_and_straggler_ratio(tmp_path: Path) -> None:
@@ -103,14 +113,14 @@ def test_health_check_results_per_node_and_check(tmp_path: Path) -> None:
     (states / "node4.json").write_text(json.dumps({"node": "node4", "time": NOW - 3600, "results": results}))
     reg = registry(tmp_path, frozenset({"numa", "checkpoint"}))
     value = reg.get_sample_value
-    assert value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) == 0
-    assert value("slurm_chaos_health_check_status", {"node": "node2", "check": "numa"}) == 2
-    assert value("slurm_chaos_health_check_ok", {"node": "node2", "check": "checkpoint"}) == 1
-    assert (
-        value("slurm_chaos_health_check_ok", {"node": "node2", "check": "straggler"}) is None
-    )  # not enabled
-    assert value("slurm_chaos_health_check_age_seconds", {"node": "node2"}) == pytest.approx(3)
-    assert value("slurm_chaos_health_check_ok", {"node": "node4", "check": "numa"}) is None  # stale
+    node2 = {"node": "node2", "Hostname": "node2"}
+    assert value("slurm_chaos_health_check_ok", node2 | {"check": "numa"}) == 0
+    assert value("slurm_chaos_health_check_status", node2 | {"check": "numa"}) == 2
+    assert value("slurm_chaos_health_check_ok", node2 | {"check": "checkpoint"}) == 1
+    assert value("slurm_chaos_health_check_ok", node2 | {"check": "straggler"}) is None  # not enabled
+    assert value("slurm_chaos_health_check_age_seconds", node2) == pytest.approx(3)
+    node4 = {"node": "node4", "Hostname": "node4"}
+    assert value("slurm_chaos_health_check_ok", node4 | {"check": "numa"}) is None  # stale
 
 
 def test_one_bad_file_never_fails_the_scrape(tmp_path: Path) -> None:
@@ -129,7 +139,7 @@ def test_one_bad_file_never_fails_the_scrape(tmp_path: Path) -> None:
     assert sample(first, "slurm_chaos_probe_step_seconds", labels(1, "node2", world=2)) == pytest.approx(0.12)
     assert sample(first, "slurm_chaos_exporter_rejected_files_total", {"kind": "heartbeat"}) == 1
     assert sample(first, "slurm_chaos_exporter_rejected_files_total", {"kind": "health"}) == 2
-    assert sample(first, "slurm_chaos_health_check_age_seconds", {"node": "node3"}) == 0
+    assert sample(first, "slurm_chaos_health_check_age_seconds", {"node": "node3", "Hostname": "node3"}) == 0
     # A counter: every read that skips a file adds to it, so a file still there keeps it rising.
     second = snapshot(reg)
     assert sample(second, "slurm_chaos_exporter_rejected_files_total", {"kind": "heartbeat"}) == 2
@@ -146,6 +156,43 @@ def test_counters_are_exposed_as_total_and_gauges_are_not(tmp_path: Path) -> Non
     assert not any(name.endswith("_total") for name in gauges)
 
 
+def test_a_ranks_gpu_is_a_label_only_where_its_heartbeat_names_one(tmp_path: Path) -> None:
+    for rank, gpu in ((0, 3), (1, None)):
+        hb = Heartbeat(tmp_path / "hb", "12", rank, "node1", world_size=2, gpu=gpu, clock=lambda: NOW - 1)
+        hb.update(0, 0.1, 0.08, 0.02)
+    snap = snapshot(registry(tmp_path))
+    series = sorted(
+        (dict(have) for name, have in snap if name == "slurm_chaos_probe_step_seconds"),
+        key=lambda d: d["rank"],
+    )
+    assert series == [
+        labels(0, "node1", world=2) | {"gpu": "3"},
+        labels(1, "node1", world=2),  # no gpu label at all, not an empty one
+    ]
+
+
+def test_join_label_names_are_configurable(tmp_path: Path) -> None:
+    hb = Heartbeat(tmp_path / "hb", "12", 0, "node1", world_size=1, gpu=0, clock=lambda: NOW - 1)
+    hb.update(0, 0.1, 0.08, 0.02)
+    reg = registry(tmp_path, join=JoinLabels(node="gpu_host", gpu="gpu_index"))
+    want = {"job_id": "12", "rank": "0", "host": "node1", "world_size": "1", "mode": "train"}
+    want |= {"gpu_host": "node1", "gpu_index": "0"}
+    assert reg.get_sample_value("slurm_chaos_probe_step_seconds", want) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    "node, gpu", [("host", "gpu"), ("Hostname", "Hostname"), ("9x", "gpu"), ("__n", "gpu")]
+)
+def test_a_join_label_must_be_a_label_name_of_its_own(
+    node: str, gpu: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValueError):
+        JoinLabels(node, gpu)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--port", "1", "--heartbeat-dir", "/nonexistent", "--node-label", node, "--gpu-label", gpu])
+    assert exit_.value.code == 2 and "label" in capsys.readouterr().err
+
+
 def test_health_state_others_may_write_is_not_trusted(tmp_path: Path) -> None:
     states = tmp_path / "health"
     states.mkdir()
@@ -153,10 +200,11 @@ def test_health_state_others_may_write_is_not_trusted(tmp_path: Path) -> None:
     (states / "node2.json").write_text(json.dumps({"node": "node2", "time": NOW, "results": result}))
     os.chown(states / "node2.json", 4242, 4242)  # not the health check's own file
     reg = registry(tmp_path)
-    assert reg.get_sample_value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) is None
+    forged = {"node": "node2", "Hostname": "node2", "check": "numa"}
+    assert reg.get_sample_value("slurm_chaos_health_check_ok", forged) is None
     os.chown(states / "node2.json", 0, 0)
     states.chmod(0o1777)  # a directory anyone may write in
-    assert reg.get_sample_value("slurm_chaos_health_check_ok", {"node": "node2", "check": "numa"}) is None
+    assert reg.get_sample_value("slurm_chaos_health_check_ok", forged) is None
     # One rejection per read: the file, then the whole directory, and now (the third read) again.
     assert reg.get_sample_value("slurm_chaos_exporter_rejected_files_total", {"kind": "health"}) == 3
 
@@ -187,7 +235,7 @@ def test_exporter_process_serves_metrics_over_http(tmp_path: Path) -> None:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
         assert (
-            'slurm_chaos_probe_straggler_ratio{host="node2",job_id="12",mode="train",rank="1",'
+            'slurm_chaos_probe_straggler_ratio{Hostname="node2",host="node2",job_id="12",mode="train",rank="1",'
             'world_size="2"} 2.0' in text
         )
     finally:

@@ -222,7 +222,8 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
                 "interval": "2s",
                 "input_series": [
                     {
-                        "series": f"slurm_chaos_probe_checkpoint_failures_total{{{RANK}}}",
+                        # dcgm-exporter's name for the node stays on the alert, for a site's routing.
+                        "series": f'slurm_chaos_probe_checkpoint_failures_total{{{RANK},Hostname="node2"}}',
                         "values": "0 0 1 1 1 1",
                     },
                     {"series": f'slurm_chaos_health_check_ok{{check="numa",{hc}}}', "values": "1 0 0 0 0 0"},
@@ -243,6 +244,7 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
                                     "signal": "checkpoint",
                                     "job_id": "9",
                                     "host": "node2",
+                                    "Hostname": "node2",
                                 },
                                 "checkpoint writes failing (job 9, node node2)",
                             )
