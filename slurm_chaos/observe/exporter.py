@@ -6,15 +6,19 @@ communication time, its straggler ratio, checkpoint failures and NUMA mismatch; 
 result of each check. Per-rank and per-node series carry the node under dcgm-exporter's name too
 (``Hostname``), and a rank's GPU (``gpu``, NVML's index) where its heartbeat says, so a site's rules
 can join them with dcgm-exporter's and node_exporter's (``--node-label``/``--gpu-label`` rename them).
-Counters (Prometheus' ``_total`` names) count what only grows: a rank's failed
-checkpoint writes, the files the exporter rejected; everything else is a gauge. Stale heartbeats
-(ranks that ended) are left out, so alerts resolve.
+Counters (Prometheus' ``_total`` names) count what only grows: a rank's failed checkpoint writes,
+the files the exporter rejected; everything else is a gauge. Stale heartbeats (ranks that ended) are
+left out, so alerts resolve.
+
+A site that runs node_exporter rather than one more daemon: ``--textfile PATH.prom --interval S``
+writes the same registry (``generate_latest``) to PATH every S seconds, atomically, for node_exporter's
+textfile collector (``--collector.textfile.directory``); ``--once`` writes it once.
 
 Each file is read on its own: one that is malformed or not trusted (see heartbeat.py; a state
 file must be its directory owner's, in a directory no one else writes) is skipped and counted in
 ``slurm_chaos_exporter_rejected_files_total`` (per read, since the exporter started), never fatal to
-the scrape. A scrape that fails all the
-same, or an exporter that is down, fires ChaosExporterDown (site_configs/alerts).
+the scrape. A scrape that fails all the same, or an exporter that is down, fires ChaosExporterDown
+(site_configs/alerts).
 
 Only the signals the site's health-check config enables are exported: a monitoring set-up that
 leaves a signal out must stay blind to it, alerts included (that is how a blind spot is shown).
@@ -31,14 +35,15 @@ import re
 import signal
 import stat
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
+from prometheus_client import generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -299,12 +304,72 @@ class ChaosCollector(Collector):
         yield rejected_metric(totals)
 
 
+#: node_exporter's textfile collector reads only files of this suffix.
+TEXTFILE_SUFFIX = ".prom"
+
+
+def write_textfile(registry: CollectorRegistry, path: Path) -> None:
+    """One read of the registry, in Prometheus' text format, to `path` as node_exporter's textfile
+    collector reads it: a temporary file in the same directory (no ``.prom`` suffix, so the collector
+    skips it), fsynced, mode 0644, renamed over `path`: a reader sees the old file or the new one."""
+    text = generate_latest(registry)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchmod(fh.fileno(), 0o644)
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+def serve_textfile(
+    registry: CollectorRegistry, path: Path, interval: float, wait: Callable[[float], bool]
+) -> None:
+    """Rewrite `path` every `interval` s until `wait(interval)` says stop (True). The first write's
+    failure is raised (the path is wrong); a later one is logged and the next write tries again."""
+    write_textfile(registry, path)
+    while not wait(interval):
+        try:
+            write_textfile(registry, path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc.strerror or exc)
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m slurm_chaos.observe.exporter", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--port", type=int, required=True, help="port to serve /metrics on")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--port", type=int, help="port to serve /metrics on")
+    out.add_argument(
+        "--textfile",
+        type=Path,
+        help=f"write the metrics to this {TEXTFILE_SUFFIX} file instead (node_exporter's textfile collector)",
+    )
     p.add_argument("--address", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=15.0,
+        help="--textfile: seconds between writes (default: %(default)s)",
+    )
+    p.add_argument("--once", action="store_true", help="--textfile: write once and exit")
     p.add_argument("--heartbeat-dir", type=Path, required=True, help="probe heartbeat directory")
     p.add_argument("--state-dir", type=Path, help="health-check results (default: <heartbeat-dir>/../health)")
     p.add_argument("--config", type=Path, help="the health check's TOML config: enabled signals, thresholds")
@@ -328,8 +393,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         join = JoinLabels(args.node_label, args.gpu_label)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.textfile is not None and args.textfile.suffix != TEXTFILE_SUFFIX:
+        parser.error(f"--textfile {args.textfile}: node_exporter reads only *{TEXTFILE_SUFFIX} files")
+    if args.once and args.textfile is None:
+        parser.error("--once: only with --textfile")
+    # One registry, one collector: the HTTP and the textfile mode cannot export different things.
     registry = CollectorRegistry()
     registry.register(ChaosCollector(Sources(args.heartbeat_dir, args.state_dir, args.config), join=join))
+    if args.textfile is not None:
+        return _textfile_main(registry, args.textfile, args.interval, args.once)
     try:
         start_http_server(args.port, addr=args.address, registry=registry)
     except OSError as exc:
@@ -339,6 +411,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         time.sleep(3600)
+
+
+def _textfile_main(registry: CollectorRegistry, path: Path, interval: float, once: bool) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        serve_textfile(registry, path, interval, lambda s: once or stop.wait(s))
+    except OSError as exc:
+        print(f"exporter: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -12,11 +13,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from slurm_chaos.observe import healthcheck as hc
 from slurm_chaos.observe.checks import SIGNALS
-from slurm_chaos.observe.exporter import ChaosCollector, JoinLabels, Sources, main
+from slurm_chaos.observe.exporter import (
+    ChaosCollector,
+    JoinLabels,
+    Sources,
+    main,
+    serve_textfile,
+    write_textfile,
+)
 from slurm_chaos.probe.heartbeat import Heartbeat
 
 NOW = 5000.0
@@ -241,3 +252,65 @@ def test_exporter_process_serves_metrics_over_http(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def _families(path: Path) -> dict[str, Metric]:
+    return {m.name: m for m in text_string_to_metric_families(path.read_text())}
+
+
+def test_textfile_once_writes_the_registry_for_node_exporter(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10)], at=time.time())
+    out = tmp_path / "textfile" / "slurm_chaos.prom"
+    out.parent.mkdir()
+    assert main(["--textfile", str(out), "--once", "--heartbeat-dir", str(tmp_path / "hb")]) == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    assert [p.name for p in out.parent.iterdir()] == ["slurm_chaos.prom"]  # no temporary file left
+    families = _families(out)
+    ratio = {s.labels["rank"]: s.value for s in families["slurm_chaos_probe_straggler_ratio"].samples}
+    assert ratio == {"0": pytest.approx(0.5), "1": pytest.approx(2.0)}
+    (node2,) = [s for s in families["slurm_chaos_probe_step_seconds"].samples if s.labels["host"] == "node2"]
+    assert node2.labels["Hostname"] == "node2" and node2.value == pytest.approx(0.12)
+    counter = families["slurm_chaos_exporter_rejected_files"]
+    assert counter.type == "counter"
+    assert {s.name for s in counter.samples} == {"slurm_chaos_exporter_rejected_files_total"}
+
+
+def test_textfile_is_what_a_scrape_of_the_same_registry_shows(tmp_path: Path) -> None:
+    write_beats(tmp_path / "hb", [("node1", 0.05), ("node2", 0.10), ("node3", 0.05)])
+    reg = registry(tmp_path)
+    out = tmp_path / "m.prom"
+    write_textfile(reg, out)
+    assert out.read_bytes() == generate_latest(reg)  # the clock is fixed, and no file is rejected
+
+
+def test_textfile_is_rewritten_every_interval_until_told_to_stop(tmp_path: Path) -> None:
+    (tmp_path / "hb").mkdir(mode=0o755)
+    (tmp_path / "hb" / "node1").mkdir(mode=0o777)  # not trusted: rejected on every read
+    (tmp_path / "hb" / "node1").chmod(0o777)
+    out = tmp_path / "m.prom"
+    waits: list[float] = []
+    seen: list[float] = []
+
+    def wait(seconds: float) -> bool:
+        waits.append(seconds)
+        (sample,) = _families(out)["slurm_chaos_exporter_rejected_files"].samples[:1]
+        seen.append(sample.value)
+        return len(waits) == 3
+
+    serve_textfile(registry(tmp_path), out, 2.5, wait)
+    assert waits == [2.5, 2.5, 2.5]
+    assert seen == [1, 2, 3]  # each write read the files afresh
+
+
+def test_textfile_needs_a_prom_name_and_a_directory_it_can_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["--textfile", str(tmp_path / "m.txt"), "--heartbeat-dir", str(tmp_path)])
+    assert "only *.prom files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--port", "1", "--once", "--heartbeat-dir", str(tmp_path)])
+    assert "--once: only with --textfile" in capsys.readouterr().err
+    missing = tmp_path / "nowhere" / "m.prom"
+    assert main(["--textfile", str(missing), "--once", "--heartbeat-dir", str(tmp_path)]) == 1
+    assert f"cannot write {missing}" in capsys.readouterr().err
