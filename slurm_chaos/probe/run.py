@@ -619,7 +619,8 @@ def _run_allreduce(
     from slurm_chaos.probe.workload import allreduce_size, message_sizes
 
     max_bytes = cfg.max_bytes or (2**26 if device.type == "cuda" else 2**22)
-    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0}
+    # Step s of the sweep timed one all_reduce of allreduce/size_bytes[s // allreduce_iterations].
+    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0, "allreduce_iterations": cfg.steps}
     writer, _ = _open_writer(cfg, rv, attrs, fresh=True, allreduce=True)
     _numa_event(writer, host, gpu)
     rows: list[tuple[int, float, float, float]] = []
@@ -635,13 +636,14 @@ def _run_allreduce(
                 writer.append_step(StepRecord(step, t, dt, comm_time=dt))
                 t += dt
                 step += 1
+            # Each size's row as soon as it is measured: a run killed mid-sweep keeps its sizes.
+            writer.allreduce_rows(rows[-1:])
             times.extend(r.iteration_times)
             _say(
                 rv.rank,
                 f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
                 f"busbw {r.busbw:7.3f} GB/s",
             )
-    writer.allreduce_rows(rows)
     _close(writer, None, {"exit_reason": "done", "steps_completed": step})
     return Summary(
         cfg.mode,
