@@ -117,9 +117,10 @@ REMOVED_FAULT_KEYS = {
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """The steady state: training within this much of its baseline.
-
-    ``min_busbw_gbps`` is recorded, not yet judged: no verdict reads it (site detectors will)."""
+    """The steady state: training within this much of its baseline, and (mode allreduce) a median
+    bus bandwidth of at least ``min_busbw_gbps`` GB/s (nccl-tests' busbw), judged by the analysis'
+    verdict: a baseline below it makes the experiment INCONCLUSIVE, a fault run below it is the
+    fault's effect, which monitoring must then detect (analysis/verdict.py)."""
 
     max_regression: float = 0.05
     min_busbw_gbps: float | None = None
@@ -218,16 +219,24 @@ def load_experiment_file(path: Path) -> Experiment:
         max_lost_steps=e.get("max_lost_steps"),
     )
     design = _design(path, data.get("design"), fault)
+    hypothesis = Hypothesis(**data.get("hypothesis", {}))
+    mode = Mode(data.get("mode", Mode.TRAIN))
+    if hypothesis.min_busbw_gbps is not None and mode is not Mode.ALLREDUCE:
+        raise ConfigError(
+            str(path),
+            "hypothesis.min_busbw_gbps",
+            f"only an allreduce-mode experiment measures bus bandwidth (mode is {mode}; set mode: allreduce)",
+        )
     own = ("fault", "expect", "hypothesis", "strategy", "mode", "design")
     rest = {k: v for k, v in data.items() if k not in own}
     return Experiment(
         **rest,
         strategy=Strategy(data["strategy"]),
-        mode=Mode(data.get("mode", Mode.TRAIN)),
+        mode=mode,
         fault=fault,
         expect=expect,
         path=path,
-        hypothesis=Hypothesis(**data.get("hypothesis", {})),
+        hypothesis=hypothesis,
         design=design,
     )
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from slurm_chaos.analysis.model import BETWEEN_RUNS, ExperimentResult, StragglerKind, StragglerScore, Verdict
+from slurm_chaos.analysis.busbw import run_busbw
+from slurm_chaos.analysis.model import (
+    BETWEEN_RUNS,
+    BusbwResult,
+    ExperimentResult,
+    StragglerKind,
+    StragglerScore,
+    Verdict,
+)
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
 from slurm_chaos.analysis.switchback import RankContrast, SwitchbackResult, judge_switchback_run
@@ -37,8 +45,9 @@ from slurm_chaos.schedule import DESIGN as SWITCHBACK
 from slurm_chaos.schedule import OFF, ON, SwitchbackSchedule, schedule_from_json
 
 FloatArray = npt.NDArray[np.float64]
-# The comparison's and the plots' step fields, and the events the observations take.
-EXPERIMENT_READ = replace(STEPS_READ, events=True)
+# The comparison's and the plots' step fields, the events the observations take, and an allreduce
+# run's per-size rows (its bus bandwidth).
+EXPERIMENT_READ = replace(STEPS_READ, events=True, allreduce=True)
 
 # The probe's own event kinds, as observation signals (schema v1 EVENT_KINDS).
 PROBE_EVENT_SIGNALS = {
@@ -210,7 +219,8 @@ def analyse_experiment(
     scores = straggler_scores(fault, steps)
     log = replace(log, observations=_merged(log, probe_observations(fault)))
     lost = lost_steps(fault)
-    j = judge(comparison, log, lost, load_injections(exp_dir / "fault"))
+    bandwidth = busbw_result(baseline, fault, log.expectation)
+    j = judge(comparison, log, lost, load_injections(exp_dir / "fault"), bandwidth)
     result = ExperimentResult(
         name=name,
         fault=log.fault,
@@ -226,8 +236,18 @@ def analyse_experiment(
         world_size=fault.world_size,
         observations=log.observations,
         detections=j.detections,
+        busbw=bandwidth,
     )
     return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps, log.expectation)
+
+
+def busbw_result(baseline: RunData | None, fault: RunData, e: Expectation) -> BusbwResult | None:
+    """Both runs' bus bandwidth and the hypothesis' floor; None where neither is an allreduce sweep."""
+    b = None if baseline is None else run_busbw(baseline)
+    f = run_busbw(fault)
+    if b is None and f is None:
+        return None
+    return BusbwResult(b, f, e.min_busbw_gbps)
 
 
 def run_schedule(run: RunData, job_dir: Path) -> SwitchbackSchedule | None:

@@ -102,6 +102,24 @@ class Detection:
 
 
 @dataclass(frozen=True)
+class BusBandwidth:
+    """An allreduce-mode run's bus bandwidth (nccl-tests' busbw, GB/s) over its timed steps."""
+
+    steps: int
+    mean_gbps: float
+    median_gbps: float
+
+
+@dataclass(frozen=True)
+class BusbwResult:
+    """Both runs' bus bandwidth and the hypothesis' floor (``min_busbw_gbps``; None: not judged)."""
+
+    baseline: BusBandwidth | None
+    fault: BusBandwidth | None
+    min_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class ExperimentResult:
     """Everything the report says about one experiment."""
 
@@ -125,6 +143,8 @@ class ExperimentResult:
     mde: float | None = None
     # Holm-adjusted across the campaign's in-job tests (switchback); None: judged alone.
     p_adjusted: float | None = None
+    # An allreduce-mode experiment's bus bandwidth; None: a training run (nothing measured).
+    busbw: BusbwResult | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Flat JSON record, rounded so that re-running gives byte-identical output.
@@ -150,6 +170,7 @@ class ExperimentResult:
             "crashed": self.crashed,
             "stragglers": [straggler_json(s) for s in self.stragglers],
             "detections": [detection_json(d) for d in self.detections],
+            "busbw": None if self.busbw is None else busbw_json(self.busbw),
         }
         record.update(comparison_json(c) if c is not None else {})
         return record
@@ -180,6 +201,19 @@ def straggler_json(s: StragglerScore) -> dict[str, Any]:
         "compute_median_s": _round(s.compute_median),
         "comm_median_s": _round(s.comm_median),
     }
+
+
+def busbw_json(b: BusbwResult) -> dict[str, Any]:
+    def run(x: BusBandwidth | None) -> dict[str, Any] | None:
+        if x is None:
+            return None
+        return {
+            "steps": x.steps,
+            "mean_gbps": _round(x.mean_gbps, 4),
+            "median_gbps": _round(x.median_gbps, 4),
+        }
+
+    return {"baseline": run(b.baseline), "fault_run": run(b.fault), "min_gbps": _round(b.min_gbps, 4)}
 
 
 def comparison_json(c: Comparison) -> dict[str, Any]:

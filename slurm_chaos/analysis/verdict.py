@@ -6,6 +6,8 @@ Order of the checks (the first that applies wins):
    the fault's injection took on no node (its node-side records say what was missing: no GPU,
    no NVML, no DCGM host engine, or a read-back that did not show it) -> NO EFFECT: there was
    nothing for monitoring to see, so silence is no blind spot;
+   the hypothesis sets ``min_busbw_gbps`` and the baseline's median busbw is below it ->
+   INCONCLUSIVE: the steady state did not hold before the fault, so nothing after it can be judged;
 2. a detection signal was expected and none came in time (an alert Alertmanager silenced or inhibited
    fired all the same: it counts, and is said to be silenced):
    a significant slowdown -> BLIND SPOT; too noisy to tell -> INCONCLUSIVE; no slowdown although one
@@ -16,6 +18,11 @@ Order of the checks (the first that applies wins):
    comparison itself is too noisy to trust);
 5. a slowdown was expected and neither it nor any detection happened -> NO EFFECT / INCONCLUSIVE;
 6. otherwise PASSED.
+
+A fault run whose median busbw is below the hypothesis' ``min_busbw_gbps`` has left the steady
+state: that counts as a significant slowdown in rules 2 to 5, whatever ``expect.regression`` says
+(the floor is absolute, not a comparison that noise can fake), and its reason names the measured
+and the required busbw. Undetected, it is a BLIND SPOT; detected, PASSED, the breach stated.
 
 A slowdown is the fault's sign only where the experiment expects one (``expect.regression``). For a
 fault judged on events (a drain, a requeue, a full volume) a step-time change between the baseline
@@ -28,7 +35,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from slurm_chaos.analysis.model import Comparison, Detection, Verdict
+from slurm_chaos.analysis.model import BusbwResult, Comparison, Detection, Verdict
 from slurm_chaos.rundir import Expectation, InjectionRecord, Observation, ObservationLog, Signal
 from slurm_chaos.site import SIGNAL_KIND
 
@@ -130,8 +137,10 @@ def judge(
     log: ObservationLog,
     lost_steps: int = 0,
     injections: tuple[InjectionRecord, ...] = (),
+    busbw: BusbwResult | None = None,
 ) -> Judgement:
-    """Apply the rules in the module docstring; ``injections``: the fault job's node-side records."""
+    """Apply the rules in the module docstring; ``injections``: the fault job's node-side records;
+    ``busbw``: an allreduce run's bus bandwidth, judged against ``min_busbw_gbps``."""
     e = log.expectation
     start = log.fault_window.start
     wanted = e.detect_signals or DETECTION_SIGNALS
@@ -154,16 +163,24 @@ def judge(
     nothing = not_injected(injections)
     if nothing:
         return verdict(Verdict.NO_EFFECT, nothing)
-    slowed = c is not None and c.significant and c.regression > 0
+    floor = e.min_busbw_gbps
+    if floor is not None and busbw is not None and busbw.baseline is not None:
+        if busbw.baseline.median_gbps < floor:
+            return verdict(
+                Verdict.INCONCLUSIVE,
+                f"the baseline's median busbw {busbw.baseline.median_gbps:.2f} GB/s is below the "
+                f"hypothesis' min_busbw_gbps {floor:g} GB/s: the steady state did not hold before the fault",
+            )
+    below = _busbw_below(busbw, floor)
+    steps_slowed = c is not None and c.significant and c.regression > 0
+    slowed = steps_slowed or bool(below)
     noisy = c is None or bool(c.inconclusive_reason)
-    aside = _unexpected_change(c) if slowed and not e.expect_regression else ""
+    aside = _unexpected_change(c) if steps_slowed and not e.expect_regression else ""
+    effect = below or ("" if c is None else f"step time {_pct(c)}")
     if e.detect_signals and (ttd is None or (e.detect_within_s is not None and ttd > e.detect_within_s)):
         late = "" if ttd is None else f" (first seen after {ttd:.0f} s, deadline {e.detect_within_s:.0f} s)"
-        if slowed and e.expect_regression:
-            assert c is not None
-            return verdict(
-                Verdict.BLIND_SPOT, f"step time {_pct(c)} but no {'/'.join(e.detect_signals)} in time{late}"
-            )
+        if (steps_slowed and e.expect_regression) or below:
+            return verdict(Verdict.BLIND_SPOT, f"{effect} but no {'/'.join(e.detect_signals)} in time{late}")
         if e.expect_regression and noisy:
             return verdict(
                 Verdict.INCONCLUSIVE, _noisy_reason(c) + f"; no {'/'.join(e.detect_signals)}{late}"
@@ -176,6 +193,8 @@ def judge(
     if missing:
         return verdict(Verdict.NOT_RECOVERED, missing + aside)
     if not e.detect_signals and slowed and hit is None:
+        if below:
+            return verdict(Verdict.BLIND_SPOT, f"{below} and no monitoring signal at all")
         assert c is not None
         if not e.expect_regression:
             return verdict(
@@ -195,7 +214,18 @@ def judge(
             return verdict(Verdict.INCONCLUSIVE, _noisy_reason(c))
         return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "signal"))
     quiet = hit is not None and hit.silenced
-    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr, quiet) + aside)
+    breach = f"; {below}" if below else ""
+    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr, quiet) + breach + aside)
+
+
+def _busbw_below(busbw: BusbwResult | None, floor: float | None) -> str:
+    """The fault run's breach of the busbw floor, as a reason naming both values; "" if none."""
+    if floor is None or busbw is None or busbw.fault is None or busbw.fault.median_gbps >= floor:
+        return ""
+    return (
+        f"median busbw {busbw.fault.median_gbps:.2f} GB/s, below the hypothesis' "
+        f"min_busbw_gbps {floor:g} GB/s"
+    )
 
 
 def _unexpected_change(c: Comparison | None) -> str:

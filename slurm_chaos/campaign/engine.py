@@ -415,6 +415,7 @@ def _expectation(exp: Experiment) -> Expectation:
         remediation=tuple(expected_signal(r) for r in e.remediation),
         remediate_within_s=e.remediate_within_s,
         max_lost_steps=e.max_lost_steps,
+        min_busbw_gbps=exp.hypothesis.min_busbw_gbps,
     )
 
 

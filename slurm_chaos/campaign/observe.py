@@ -38,7 +38,7 @@ REASON_STATES = ("DRAIN", "DOWN", "FAIL", "FAILING")
 REFERENCE_CATCHERS = {
     "straggler": "health check 'straggler', metric slurm_chaos_probe_straggler_ratio, alert ChaosStraggler",
     "checkpoint": (
-        "health check 'checkpoint', metric slurm_chaos_probe_checkpoint_failures, "
+        "health check 'checkpoint', metric slurm_chaos_probe_checkpoint_failures_total, "
         "alert ChaosCheckpointFailing"
     ),
 }

@@ -82,6 +82,9 @@ class Beat:
     world_size: int = 0
     pid: int = 0
     mode: str = "train"
+    #: The GPU's NVML index (dcgm-exporter's ``gpu`` label); None where the rank has no GPU or
+    #: the probe could not ask NVML (an older writer, or a CPU run).
+    gpu: int | None = None
 
     def age(self, now: float | None = None) -> float:
         return (time.time() if now is None else now) - self.time
@@ -104,6 +107,7 @@ class Heartbeat:
         host: str,
         world_size: int = 0,
         mode: str = "train",
+        gpu: int | None = None,
         window: int = WINDOW,
         min_interval: float = MIN_INTERVAL_S,
         clock: Callable[[], float] = time.time,
@@ -111,7 +115,7 @@ class Heartbeat:
         self.directory = job_dir(directory, host, str(job_id))
         self.path = self.directory / f"{job_id}.{rank}.json"
         self.job_id, self.rank, self.host, self.world_size = str(job_id), rank, host, world_size
-        self.mode = mode
+        self.mode, self.gpu = mode, gpu
         self.min_interval = min_interval
         self.clock = clock
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=window)
@@ -148,6 +152,7 @@ class Heartbeat:
             self.world_size,
             os.getpid(),
             self.mode,
+            self.gpu,
         )
         try:
             write_atomic(self.path, json.dumps(asdict(beat)))
@@ -200,11 +205,21 @@ def parse_beat(text: str) -> Beat | None:
             world_size=int(data.get("world_size", 0)),
             pid=int(data.get("pid", 0)),
             mode=str(data.get("mode", "train")),
+            gpu=_gpu_index(data.get("gpu")),
         )
     except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
         return None
     times = (beat.time, beat.step_time, beat.compute_time, beat.comm_time)
     return beat if all(math.isfinite(t) for t in times) else None
+
+
+def _gpu_index(raw: object) -> int | None:
+    """A heartbeat's ``gpu``: absent or null (no GPU known), else a non-negative integer."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ValueError(f"gpu: expected a GPU index, got {raw!r}")
+    return raw
 
 
 @dataclass(frozen=True)

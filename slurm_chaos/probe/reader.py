@@ -17,6 +17,7 @@ from slurm_chaos.probe.schema import (
     META_ATTR,
     READABLE_VERSIONS,
     STEP_FIELDS,
+    ProbeMode,
     rank_file_name,
 )
 from slurm_chaos.schedule import SwitchbackSchedule, schedule_from_json
@@ -76,6 +77,22 @@ class RankData:
     @property
     def comm_time(self) -> FloatArray:
         return self.fields["comm_time"]
+
+    def allreduce_bytes(self) -> FloatArray | None:
+        """Per step of an allreduce-mode run, the bytes its all_reduce carried (NaN for a step of a
+        size whose row is missing: the run was killed in it); None for any other run (schema.py:
+        ``allreduce_iterations``, or ``steps_planned`` in files from before it)."""
+        sizes = self.allreduce.get("size_bytes")
+        per_size = self.attrs.get("allreduce_iterations", self.attrs.get("steps_planned"))
+        if self.attrs.get("mode") != ProbeMode.ALLREDUCE or sizes is None:
+            return None
+        if isinstance(per_size, bool) or not isinstance(per_size, int) or per_size <= 0:
+            return None
+        index = self.step // per_size
+        known = index < len(sizes)
+        out: FloatArray = np.full(len(self.step), np.nan)
+        out[known] = sizes[index[known]]
+        return out
 
 
 @dataclass(frozen=True)

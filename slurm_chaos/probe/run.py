@@ -361,8 +361,12 @@ def _run_train(
         f"{cfg.mode} {cfg.model_size} model ({trainer.numel} parameters), {rv.world_size} ranks, "
         f"backend {backend}, steps {start}..{cfg.steps - 1}",
     )
-    # The health check and the exporter watch the probe through its heartbeat file.
-    heartbeat = Heartbeat(None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode)
+    # The health check and the exporter watch the probe through its heartbeat file. The GPU index
+    # only where NVML numbered it, as dcgm-exporter does; CUDA's own numbering would not join.
+    gpu_index = gpu.index if gpu is not None and nvml is not None else None
+    heartbeat = Heartbeat(
+        None, rv.job_id, rv.rank, this_node(), world_size=rv.world_size, mode=cfg.mode, gpu=gpu_index
+    )
     numa = bool(attrs.get("numa_mismatch", False))
     with _closing_on_failure(writer, sampler, rv, host), contextlib.closing(heartbeat):
         times = train_loop(cfg, rv, trainer, writer, checkpointer, sampler, start, heartbeat, numa, switch)
@@ -607,7 +611,8 @@ def _run_allreduce(
     from slurm_chaos.probe.workload import allreduce_size, message_sizes
 
     max_bytes = cfg.max_bytes or (2**26 if device.type == "cuda" else 2**22)
-    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0}
+    # Step s of the sweep timed one all_reduce of allreduce/size_bytes[s // allreduce_iterations].
+    attrs = _attrs(cfg, rv, backend, host, gpu) | {"restart_step": 0, "allreduce_iterations": cfg.steps}
     writer, _ = _open_writer(cfg, rv, attrs, fresh=True, allreduce=True)
     _numa_event(writer, host, gpu)
     rows: list[tuple[int, float, float, float]] = []
@@ -623,13 +628,14 @@ def _run_allreduce(
                 writer.append_step(StepRecord(step, t, dt, comm_time=dt))
                 t += dt
                 step += 1
+            # Each size's row as soon as it is measured: a run killed mid-sweep keeps its sizes.
+            writer.allreduce_rows(rows[-1:])
             times.extend(r.iteration_times)
             _say(
                 rv.rank,
                 f"allreduce {nbytes:>10d} B  time {1e6 * r.time:9.1f} us  algbw {r.algbw:7.3f} GB/s  "
                 f"busbw {r.busbw:7.3f} GB/s",
             )
-    writer.allreduce_rows(rows)
     _close(writer, None, {"exit_reason": "done", "steps_completed": step})
     return Summary(
         cfg.mode,

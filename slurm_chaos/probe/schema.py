@@ -64,7 +64,11 @@ Group ``telemetry`` (filled on GPU ranks with NVML): ``time`` plus one float64 d
 sample field (:data:`TELEMETRY_FIELDS`; NaN where the GPU does not support a field).
 
 Group ``allreduce`` (mode allreduce): ``size_bytes`` (int64), ``time`` (float64 s, median per
-size), ``algbw`` and ``busbw`` (float64 GB/s, nccl-tests' definitions).
+size), ``algbw`` and ``busbw`` (float64 GB/s, nccl-tests' definitions, :mod:`.bandwidth`), one row
+per message size of the sweep, appended as each size is done. Attribute ``allreduce_iterations``
+(int): timed all_reduces per size, so step ``s`` timed one all_reduce of
+``size_bytes[s // allreduce_iterations]`` bytes; files written before it have ``steps_planned``,
+which held the same number (and their rows only if the sweep finished).
 
 The file is written in SWMR mode (libver "latest"): open it with ``reader.open_probe_file`` (or
 h5py's ``swmr=True``) while it is being written or after its writer was killed.

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurm_chaos.probe.bandwidth import alg_bandwidth, bus_bandwidth
+
 
 class CollectiveFailed(Exception):
     """A collective raised: a peer died, hung past the timeout, or the network failed.
@@ -234,11 +236,6 @@ class AllreduceResult:
     iteration_times: tuple[float, ...]
 
 
-def bus_bandwidth(algbw: float, world_size: int) -> float:
-    """nccl-tests' busbw for all_reduce: algbw x 2(n-1)/n."""
-    return algbw * 2 * (world_size - 1) / world_size
-
-
 def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     """Powers of two from `min_bytes` to `max_bytes` (both rounded to a power of two, at least 4 B)."""
     lo = max(2, math.ceil(math.log2(max(4, min_bytes))))
@@ -263,5 +260,5 @@ def allreduce_size(
             sync()
             times.append(time.perf_counter() - t0)
     median = statistics.median(times)
-    algbw = nbytes / median / 1e9
+    algbw = alg_bandwidth(nbytes, median)
     return AllreduceResult(nbytes, median, algbw, bus_bandwidth(algbw, world_size), tuple(times))

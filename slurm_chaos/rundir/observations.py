@@ -66,7 +66,8 @@ class Expectation:
     """What the experiment's author expects the cluster to do about the fault.
 
     Any one of ``detect_signals`` counts as detection. ``remediation`` lists steps that must all
-    happen, by short name ("drain", "requeue", "resume") or by raw signal name.
+    happen, by short name ("drain", "requeue", "resume") or by raw signal name. ``min_busbw_gbps``:
+    the experiment hypothesis' floor on an allreduce run's median bus bandwidth (GB/s).
     """
 
     expect_regression: bool = True
@@ -75,6 +76,7 @@ class Expectation:
     remediation: tuple[str, ...] = ()
     remediate_within_s: float | None = None
     max_lost_steps: int | None = None
+    min_busbw_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ def observations_to_json(log: ObservationLog) -> dict[str, Any]:
             "remediation": list(e.remediation),
             "remediate_within_s": e.remediate_within_s,
             "max_lost_steps": e.max_lost_steps,
+            "min_busbw_gbps": e.min_busbw_gbps,
         },
         "crashed": log.crashed,
     }
@@ -213,6 +216,7 @@ def _expectation(raw: object, where: str) -> Expectation:
             e.get("remediate_within_s"), where, "expectation.remediate_within_s"
         ),
         max_lost_steps=_optional_int(e.get("max_lost_steps"), where, "expectation.max_lost_steps"),
+        min_busbw_gbps=_optional_number(e.get("min_busbw_gbps"), where, "expectation.min_busbw_gbps"),
     )
 
 

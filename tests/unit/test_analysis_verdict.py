@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_chaos.analysis.model import Comparison, Stats, Verdict
+from slurm_chaos.analysis.model import BusBandwidth, BusbwResult, Comparison, Stats, Verdict
 from slurm_chaos.analysis.verdict import judge, signal_matches
 from slurm_chaos.errors import DataError
 from slurm_chaos.rundir import (
@@ -170,8 +170,48 @@ def test_signal_matching(observed: str, wanted: str, match: bool) -> None:
     assert signal_matches(observed, wanted) is match
 
 
+def _busbw(baseline: float | None, fault: float | None, floor: float | None = 10.0) -> BusbwResult:
+    def run(median: float | None) -> BusBandwidth | None:
+        return None if median is None else BusBandwidth(70, median * 1.1, median)
+
+    return BusbwResult(run(baseline), run(fault), floor)
+
+
+FLOOR = replace(DETECT, min_busbw_gbps=10.0)
+
+
+def test_a_baseline_below_the_busbw_floor_is_inconclusive() -> None:
+    j = judge(SLOWED, log(FLOOR, ("node_drained", 5.0)), busbw=_busbw(8.5, 3.0))
+    assert j.verdict is Verdict.INCONCLUSIVE
+    assert "baseline's median busbw 8.50 GB/s is below the hypothesis' min_busbw_gbps 10 GB/s" in j.reason
+
+
+def test_a_fault_run_below_the_busbw_floor_must_be_detected() -> None:
+    # Step time is too noisy to tell, and no detection: the floor alone makes it a blind spot.
+    blind = judge(NOISY, log(FLOOR), busbw=_busbw(20.0, 3.25))
+    assert blind.verdict is Verdict.BLIND_SPOT
+    assert blind.reason.startswith("median busbw 3.25 GB/s, below the hypothesis' min_busbw_gbps 10 GB/s")
+    assert "but no alert_firing:GpuSlow/node_drained in time" in blind.reason
+    # Nothing declared, no slowdown expected: an absolute floor is no noise, still a blind spot.
+    quiet = Expectation(expect_regression=False, min_busbw_gbps=10.0)
+    j = judge(FLAT, log(quiet), busbw=_busbw(20.0, 3.25))
+    assert j.verdict is Verdict.BLIND_SPOT and "and no monitoring signal at all" in j.reason
+    # Detected in time: PASSED, the breach stated.
+    seen = judge(FLAT, log(FLOOR, ("node_drained", 5.0)), busbw=_busbw(20.0, 3.25))
+    assert seen.verdict is Verdict.PASSED
+    assert "median busbw 3.25 GB/s, below the hypothesis' min_busbw_gbps 10 GB/s" in seen.reason
+
+
+def test_busbw_at_or_above_the_floor_or_no_floor_changes_nothing() -> None:
+    for busbw in (_busbw(20.0, 10.0), _busbw(20.0, 3.0, floor=None), None):
+        expectation = FLOOR if busbw is None or busbw.min_gbps is not None else DETECT
+        assert judge(NOISY, log(expectation), busbw=busbw) == judge(NOISY, log(DETECT))
+    assert judge(NOISY, log(DETECT)).verdict is Verdict.INCONCLUSIVE
+
+
 def test_observations_round_trip(tmp_path: Path) -> None:
     original = replace(log(REMEDIATE, ("node_drained", 10.0), ("job_requeued", 3.0)), fault="gpu-xid")
+    original = replace(original, expectation=replace(original.expectation, min_busbw_gbps=12.5))
     write_observations(tmp_path / "observations.json", original)
     back = load_observations(tmp_path / "observations.json")
     assert back.expectation == original.expectation

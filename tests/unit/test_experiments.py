@@ -93,6 +93,33 @@ def test_bad_experiment_names_the_key(tmp_path: Path) -> None:
     assert exc.value.key == "fault.when"
 
 
+def _busbw_experiment(tmp_path: Path, mode: str, floor: str) -> Path:
+    p = tmp_path / "x.yaml"
+    p.write_text(
+        f"name: x\nstrategy: network\ndescription: d\nmode: {mode}\n"
+        f"fault: {{spec: 'nccl-degrade:ib=off'}}\nhypothesis: {{min_busbw_gbps: {floor}}}\nexpect: {{}}\n"
+    )
+    return p
+
+
+def test_min_busbw_is_kept_for_an_allreduce_experiment_and_reaches_its_expectation(tmp_path: Path) -> None:
+    from slurm_chaos.campaign.engine import _expectation
+
+    exp = load_experiment_file(_busbw_experiment(tmp_path, "allreduce", "12.5"))
+    assert exp.hypothesis.min_busbw_gbps == 12.5
+    assert experiment_json(exp)["hypothesis"]["min_busbw_gbps"] == 12.5
+    assert _expectation(exp).min_busbw_gbps == 12.5  # what observations.json hands the verdict
+
+
+@pytest.mark.parametrize(("mode", "floor"), [("train", "12.5"), ("allreduce", "0"), ("allreduce", "-1")])
+def test_min_busbw_needs_an_allreduce_run_and_a_positive_floor(tmp_path: Path, mode: str, floor: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_experiment_file(_busbw_experiment(tmp_path, mode, floor))
+    assert exc.value.key == "hypothesis.min_busbw_gbps"
+    if mode == "train":
+        assert "only an allreduce-mode experiment measures bus bandwidth" in str(exc.value)
+
+
 def test_the_experiment_enums_are_the_schemas() -> None:
     from slurm_chaos.experiment import SCHEMA_PATH, Mode, Remediation, Strategy
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,8 +53,40 @@ def test_alertmanager_config_is_valid() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _alert(labels: dict[str, str], summary: str) -> dict[str, object]:
-    return {"exp_labels": labels, "exp_annotations": {"summary": summary}}
+README = ALERTS.parents[1] / "README.md"
+
+
+def _rules() -> dict[str, dict[str, Any]]:
+    return {
+        r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r
+    }
+
+
+def _alert(name: str, labels: dict[str, str], summary: str) -> dict[str, object]:
+    """The alert promtool must see: `labels`, `summary`, and the rule's own description and runbook."""
+    return {"exp_labels": labels, "exp_annotations": _rules()[name]["annotations"] | {"summary": summary}}
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = heading.lstrip("#").strip().lower()
+    return re.sub(r"[^a-z0-9 _-]", "", text).replace(" ", "-")
+
+
+def test_every_alert_says_what_it_means_and_links_its_runbook() -> None:
+    readme = README.read_text()
+    runbooks = readme[readme.index("\n## Runbooks\n") :]
+    runbooks = runbooks[: runbooks.index("\n## ", 1)]
+    anchors = {_anchor(line) for line in runbooks.splitlines() if line.startswith("#### ")}
+    rules = _rules()
+    assert len(rules) >= 9
+    for name, rule in rules.items():
+        annotations = rule["annotations"]
+        assert len(annotations.get("description", "")) > 40, name
+        url = annotations["runbook_url"]
+        assert url == f"README.md#{_anchor(name)}" and _anchor(name) in anchors, name
+    # No runbook for an alert that is gone.
+    assert anchors == {_anchor(name) for name in rules}
 
 
 def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
@@ -78,7 +112,7 @@ def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
                     {
                         "eval_time": "16s",
                         "alertname": "ChaosExporterDown",
-                        "exp_alerts": [_alert(labels, summary)],
+                        "exp_alerts": [_alert("ChaosExporterDown", labels, summary)],
                     },
                 ],
             },
@@ -89,7 +123,7 @@ def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
                     {
                         "eval_time": "12s",
                         "alertname": "ChaosExporterDown",
-                        "exp_alerts": [_alert(never, never_summary)],
+                        "exp_alerts": [_alert("ChaosExporterDown", never, never_summary)],
                     }
                 ],
             },
@@ -99,22 +133,26 @@ def test_exporter_down_or_failing_fires(tmp_path: Path) -> None:
 
 
 def test_rejected_input_files_warn(tmp_path: Path) -> None:
-    series = 'slurm_chaos_exporter_rejected_files{instance="e:1",job="slurm-chaos",kind="heartbeat"}'
+    series = 'slurm_chaos_exporter_rejected_files_total{instance="e:1",job="slurm-chaos",kind="heartbeat"}'
     labels = {"severity": "warning", "signal": "exporter", "instance": "e:1", "kind": "heartbeat"}
-    summary = "the slurm-chaos exporter e:1 skips 2 heartbeat file(s): malformed or not trusted"
+    summary = "the slurm-chaos exporter e:1 skips heartbeat files: malformed or not trusted"
     done = promtool_test(
         tmp_path,
         [
             {
                 "interval": "2s",
-                "input_series": [{"series": series, "values": "0 0 2x20"}],
+                # Nothing rejected for 20 s; then one file on every scrape (the counter counts reads) for
+                # 40 s; then none: the counter stays where it is and the alert resolves.
+                "input_series": [{"series": series, "values": "0x10 1+1x20 21x40"}],
                 "alert_rule_test": [
                     {"eval_time": "20s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
+                    {"eval_time": "40s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
                     {
-                        "eval_time": "40s",
+                        "eval_time": "60s",
                         "alertname": "ChaosExporterRejectedInput",
-                        "exp_alerts": [_alert(labels, summary)],
+                        "exp_alerts": [_alert("ChaosExporterRejectedInput", labels, summary)],
                     },
+                    {"eval_time": "130s", "alertname": "ChaosExporterRejectedInput", "exp_alerts": []},
                 ],
             }
         ],
@@ -147,7 +185,7 @@ def test_straggler_fires_after_its_for_duration_and_resolves(tmp_path: Path) -> 
                     {
                         "eval_time": "8s",
                         "alertname": "ChaosStraggler",
-                        "exp_alerts": [_alert(labels, summary)],
+                        "exp_alerts": [_alert("ChaosStraggler", labels, summary)],
                     },
                     {"eval_time": "18s", "alertname": "ChaosStraggler", "exp_alerts": []},
                 ],
@@ -199,7 +237,11 @@ def test_step_time_regression_against_the_best_job_of_the_same_size(tmp_path: Pa
                         "eval_time": "20s",
                         "alertname": "ChaosStepTimeRegression",
                         "exp_alerts": [
-                            _alert(labels, "job 2: step time 200ms, over 1.5x the best of its size")
+                            _alert(
+                                "ChaosStepTimeRegression",
+                                labels,
+                                "job 2: step time 200ms, over 1.5x the best of its size",
+                            )
                         ],
                     },
                 ],
@@ -217,7 +259,11 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
             {
                 "interval": "2s",
                 "input_series": [
-                    {"series": f"slurm_chaos_probe_checkpoint_failures{{{RANK}}}", "values": "0 0 1 1 1 1"},
+                    {
+                        # dcgm-exporter's name for the node stays on the alert, for a site's routing.
+                        "series": f'slurm_chaos_probe_checkpoint_failures_total{{{RANK},Hostname="node2"}}',
+                        "values": "0 0 1 1 1 1",
+                    },
                     {"series": f'slurm_chaos_health_check_ok{{check="numa",{hc}}}', "values": "1 0 0 0 0 0"},
                     {
                         "series": f'slurm_chaos_health_check_ok{{check="gpu_xid",{hc}}}',
@@ -231,11 +277,13 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
                         "alertname": "ChaosCheckpointFailing",
                         "exp_alerts": [
                             _alert(
+                                "ChaosCheckpointFailing",
                                 {
                                     "severity": "critical",
                                     "signal": "checkpoint",
                                     "job_id": "9",
                                     "host": "node2",
+                                    "Hostname": "node2",
                                 },
                                 "checkpoint writes failing (job 9, node node2)",
                             )
@@ -246,6 +294,7 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
                         "alertname": "ChaosNumaMismatch",
                         "exp_alerts": [
                             _alert(
+                                "ChaosNumaMismatch",
                                 {"severity": "warning", "signal": "numa", "check": "numa"} | _hc_labels(),
                                 "ranks bound away from their GPU's NUMA node or squeezed (node node3)",
                             )
@@ -256,6 +305,7 @@ def test_checkpoint_numa_and_gpu_alerts_from_probe_and_health_check(tmp_path: Pa
                         "alertname": "ChaosGpuXid",
                         "exp_alerts": [
                             _alert(
+                                "ChaosGpuXid",
                                 {"severity": "critical", "signal": "gpu_xid", "check": "gpu_xid"}
                                 | _hc_labels(),
                                 "GPU Xid error or missing GPU on node3",

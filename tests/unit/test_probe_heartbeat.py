@@ -15,6 +15,7 @@ from slurm_chaos.probe.heartbeat import (
     Heartbeat,
     heartbeat_dir,
     hook_main,
+    parse_beat,
     read_heartbeats,
     scan_heartbeats,
     straggler_ratio,
@@ -50,6 +51,25 @@ def test_update_writes_at_most_once_per_interval_with_window_means(tmp_path: Pat
     hb.update(3, 1.0, 1.0, 0.0)
     (beat,) = read_heartbeats(tmp_path)
     assert beat.step_time == pytest.approx((0.2 + 0.3 + 1.0) / 3)
+
+
+def test_gpu_index_is_written_where_known_and_read_back(tmp_path: Path) -> None:
+    Heartbeat(tmp_path, "42", 0, "node2", gpu=5).update(0, 0.1, 0.1, 0.0)
+    Heartbeat(tmp_path, "42", 1, "node2").update(0, 0.1, 0.1, 0.0)
+    assert [b.gpu for b in read_heartbeats(tmp_path)] == [5, None]
+
+
+@pytest.mark.parametrize(
+    "gpu, want", [(None, None), (0, 0), (7, 7), (-1, "bad"), (True, "bad"), ("1", "bad")]
+)
+def test_parse_beat_takes_a_gpu_index_or_none(gpu: object, want: object) -> None:
+    data = {"job_id": "1", "rank": 0, "host": "n", "time": 1.0, "step": 1, "window": 1}
+    data |= {"step_time": 0.1, "compute_time": 0.1, "comm_time": 0.0, "gpu": gpu}
+    beat = parse_beat(json.dumps(data))
+    assert (beat is None) if want == "bad" else (beat is not None and beat.gpu == want)
+    del data["gpu"]  # a writer from before the field
+    old = parse_beat(json.dumps(data))
+    assert old is not None and old.gpu is None
 
 
 def test_file_name_and_no_temporary_files_left(tmp_path: Path) -> None:

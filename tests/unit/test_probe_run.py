@@ -214,6 +214,12 @@ def test_allreduce_mode_reports_bandwidth(tmp_path: Path) -> None:
         assert np.allclose(ar["algbw"], ar["size_bytes"] / ar["time"] / 1e9)
         assert np.allclose(ar["busbw"], ar["algbw"])  # 2(n-1)/n = 1 for two ranks
         assert len(rk.step) == 35 and np.array_equal(rk.step_time, rk.comm_time)
+        # Step s timed one all_reduce of size_bytes[s // 5]: the analysis' busbw rests on it.
+        assert rk.attrs["allreduce_iterations"] == 5
+        bytes_per_step = rk.allreduce_bytes()
+        assert bytes_per_step is not None and bytes_per_step.tolist() == [
+            1024 * 2 ** (s // 5) for s in range(35)
+        ]
     assert float(str(_summary(results[0].stdout)["peak_busbw_gbps"])) > 0
 
 
