@@ -87,17 +87,26 @@ elif mode == "rtt":
 """
 
 # Runs as each task: fixed CPU work, timed in wall-clock seconds.
+# With WAIT_CAPPED_RANK set, that rank first waits (up to a minute) until the agent moved it into
+# the slow-rank cgroup, so that its work is timed under the cap, however late the agent's scan was.
 BUSY = r"""
 import os, time
-t = time.monotonic()
+rank = os.environ["SLURM_PROCID"]
+def cpu_cgroup():
+    lines = open("/proc/self/cgroup").read().split()
+    cgroup = [line for line in lines if ":cpu," in line or ":cpu:" in line]
+    return lines, cgroup[0].strip() if cgroup else ""
+deadline = time.monotonic() + 60
+while os.environ.get("WAIT_CAPPED_RANK") == rank and "slurm-chaos" not in cpu_cgroup()[1]:
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.05)
+t, c = time.monotonic(), time.process_time()
 x = 0
 for i in range(int(os.environ.get("WORK", "30000000"))):
     x += i * i
-wall = time.monotonic() - t
-lines = open("/proc/self/cgroup").read().split()
-cgroup = [line for line in lines if ":cpu," in line or ":cpu:" in line]
-where = cgroup[0].strip() if cgroup else ""
-rank = os.environ["SLURM_PROCID"]
+wall, cpu = time.monotonic() - t, time.process_time() - c
+lines, where = cpu_cgroup()
 # How often the cpu controller held this task back (its cgroup's quota), seen from inside the node.
 try:
     stat = open("/sys/fs/cgroup/cpu" + where.split(":", 2)[2].rstrip("/") + "/cpu.stat").read().split()
@@ -105,7 +114,8 @@ try:
 except (OSError, IndexError, ValueError):
     throttled = "n/a"
 cgroups = ";".join(lines)
-print(f"RANK={rank} WALL_S={wall:.3f} THROTTLED={throttled} CGROUP={where} CGROUPS={cgroups}", flush=True)
+print(f"RANK={rank} WALL_S={wall:.3f} CPU_S={cpu:.3f} THROTTLED={throttled}",
+      f"CGROUP={where} CGROUPS={cgroups}", flush=True)
 """
 
 
@@ -563,6 +573,13 @@ SLURM_CHAOS_IO_FAULT=hang SLURM_CHAOS_IO_HOLD_S=1 SLURM_CHAOS_IO_AFTER_BYTES=819
     assert (ckpt / "ckpt.pt").stat().st_size == 16384  # the last run (hold) got through after its hang
 
 
+def _assert_capped(out: str, rank: int, percent: int) -> None:
+    """The rank's CPU time over its wall time stays under its cap ((100 - percent)% of each of its
+    CPUs, at most the node's two), whatever else loads the machine: the quota is an upper bound."""
+    wall, cpu = map(float, re.findall(rf"RANK={rank} WALL_S=([0-9.]+) CPU_S=([0-9.]+)", out)[0])
+    assert cpu / wall < 2 * (100 - percent) / 100 + 0.05, (cpu, wall, out)
+
+
 @pytest.mark.parametrize("method", ["duty-cycle", "cgroup"])
 def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, method: str) -> None:
     before = cluster.snapshot("node1")
@@ -570,8 +587,8 @@ def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, metho
     # The cgroup cap is absolute and this machine is shared (on a loaded machine a rank may get a
     # fifth of a CPU or less): a deep cut keeps it binding.
     percent = 60 if method == "duty-cycle" else 95
-    if method == "cgroup":
-        script = "export WORK=20000000\n" + script
+    if method == "cgroup":  # rank 1's work is timed from when the cap holds it
+        script = "export WORK=5000000 WAIT_CAPPED_RANK=1\n" + script
     job = cluster.submit(
         script, f"slow-rank:rank=1,percent={percent},method={method}", "-N1", "-n2", "-w", "node1"
     )
@@ -580,8 +597,10 @@ def test_slow_rank_is_measurably_slower_and_left_running(cluster: Cluster, metho
     walls = {int(r): float(w) for r, w in re.findall(r"RANK=(\d+) WALL_S=([0-9.]+)", out)}
     assert set(walls) == {0, 1}, out
     # Losing 60% of its time makes rank 1 about 2.5x slower (the first scan costs up to a second, so
-    # the work lasts several seconds).
+    # the work lasts several seconds); under a 5% cap, timed from when it holds, 10x or more.
     assert walls[1] / walls[0] > 1.6, walls
+    if method == "cgroup":
+        _assert_capped(out, rank=1, percent=percent)
     journal = cluster.journal("node1", job)
     if method == "duty-cycle":
         assert "signal_process" in journal
@@ -668,7 +687,7 @@ def test_slow_rank_cgroup_keeps_an_unprivileged_users_tasks_inside_the_job(
     it started is alive and no cgroup of ours or of the job's is left."""
     user = sandbox_users["chaosok"]
     before = cluster.snapshot("node1")
-    script = f"export WORK=20000000\nsrun -n2 -N1 {USER_PY} {cluster.shared}/busy.py\n"
+    script = f"export WORK=5000000 WAIT_CAPPED_RANK=1\nsrun -n2 -N1 {USER_PY} {cluster.shared}/busy.py\n"
     spec = "slow-rank:rank=1,percent=95,method=cgroup"
     job = cluster.submit(script, spec, "-N1", "-n2", "-w", "node1", user=user)
     cluster.wait_done(job, ["node1"])
@@ -677,6 +696,7 @@ def test_slow_rank_cgroup_keeps_an_unprivileged_users_tasks_inside_the_job(
     ranks = {int(r): (float(w), cgroup_paths(c)) for r, w, c in found}
     assert set(ranks) == {0, 1}, out
     assert ranks[1][0] / ranks[0][0] > 1.6, ranks
+    _assert_capped(out, rank=1, percent=95)
     assert int(re.findall(r"RANK=1 .*THROTTLED=(\d+)", out)[0]) > 0, out  # held back by the quota
     job_cg = f"{SLURM_ROOT}/uid_{user.uid}/job_{job}"
     for rank, (_, paths) in ranks.items():

@@ -347,10 +347,10 @@ def test_a_switched_off_noisy_neighbour_is_stopped_and_still_killed_by_the_undo(
         return state == "T" or (state == "D" and any(ppid(c.pid) == pid for c in marked(marker)))
 
     try:
-        load.tick(clock[0])
-        wait_until(lambda: len(marked(marker)) >= 2)
+        load.tick(clock[0])  # started and stopped at once: the shell may not have forked yet
         wait_until(held)
         load.switch(True, time.time())
+        wait_until(lambda: len(marked(marker)) >= 2)  # running now, it forks
         wait_until(lambda: all(proc_state(p.pid) not in "TD" for p in marked(marker)))
         load.switch(False, time.time())
         wait_until(held)
