@@ -245,7 +245,7 @@ def install_hooks(
         tmp.chmod(0o755)
         tmp.rename(where)  # atomic: slurmd never runs a half-written hook
         written.append(path)
-    root.host(journal_root).mkdir(parents=True, exist_ok=True)
+    root.made(journal_root)
     return written
 
 

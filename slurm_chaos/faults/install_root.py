@@ -97,14 +97,29 @@ class InstallRoot:
                 todo = [*target.parts, *todo]
         return cur
 
-    def parent_made(self, node_path: str | PurePath) -> Path:
-        """Where to write `node_path`: its directory as :meth:`host` finds it, made if missing (root's,
-        mode 0755, like ``mkdir -p``), and its own name as it is. A link of that name is then
-        replaced by the rename that writes it, as on a live node, never written through."""
-        path = PurePosixPath(node_path)
-        where = self.host(path.parent) / path.name
-        where.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    def made(self, node_dir: str | PurePath) -> Path:
+        """The directory `node_dir` as :meth:`host` finds it, made with its missing parents if need
+        be: each mode 0755 whatever the umask (root runs what is below them), like ``mkdir -p``."""
+        where = self.host(node_dir)
+        missing = []
+        for d in [where, *where.parents]:
+            if d.is_dir():
+                break
+            missing.append(d)
+        for d in reversed(missing):
+            try:
+                d.mkdir(mode=0o755)
+            except FileExistsError:
+                if not d.is_dir():
+                    raise
         return where
+
+    def parent_made(self, node_path: str | PurePath) -> Path:
+        """Where to write `node_path`: its directory as :meth:`host` finds it, made if missing
+        (:meth:`made`), and its own name as it is. A link of that name is then replaced by the
+        rename that writes it, as on a live node, never written through."""
+        path = PurePosixPath(node_path)
+        return self.made(path.parent) / path.name
 
     def node(self, host_path: str | Path) -> str:
         """The path the booted node sees for a path of this machine: under the image, without DIR;
