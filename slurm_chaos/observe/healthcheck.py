@@ -390,9 +390,7 @@ def _timeout_bin() -> str:
     return shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"
 
 
-def install_heartbeat_hooks(
-    hooks_dir: Path, heartbeats: Path, root: InstallRoot | None = None
-) -> list[Path]:
+def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path, root: InstallRoot | None = None) -> list[Path]:
     """Write ``prolog.d/`` and ``epilog.d/40-slurm-chaos-heartbeat``: every job gets its own heartbeat
     directory (``<heartbeats>/<node>/<job>``, its user's) at its start and loses it at its end.
 
