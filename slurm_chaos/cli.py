@@ -333,36 +333,20 @@ def _faults(args: argparse.Namespace) -> int:
 
 
 def _plugin_install(args: argparse.Namespace) -> int:
-    from slurm_chaos.faults.install_hooks import site_journal_root
-    from slurm_chaos.faults.plugin_install import install_plugin
-    from slurm_chaos.runner import SubprocessRunner
-    from slurm_chaos.sandbox.layout import site_placeholders
-    from slurm_chaos.site import load_site
+    from slurm_chaos.install import install_site
 
-    site = load_site(args.site, site_placeholders)
-    journal = str(site_journal_root(site))
-    result = install_plugin(site, args.prefix, SubprocessRunner(), journal_dir=journal)
-    print(f"installed {result.plugin_path}")
-    print(f"policy {result.policy_path}")
-    print(f"job_submit/lua {result.job_submit}")
-    print(f"{result.plugstack_path}: {result.line}")
-    for note in result.notes:
-        print(f"NOTE: {note}")
-    from slurm_chaos.faults.install_hooks import install_site_hooks
-    from slurm_chaos.observe.healthcheck import install_healthcheck
-
-    for path in install_site_hooks(site):
-        print(f"hook {path}")
-    if site.slurm.hooks_dir:
-        print(f"health check {install_healthcheck(Path(site.slurm.hooks_dir), site)}")
+    print("\n".join(install_site(args.site, args.prefix, args.root).lines()))
     return 0
 
 
 def _plugin_check(args: argparse.Namespace) -> int:
     from slurm_chaos.hostlist import expand_hostlist
-    from slurm_chaos.plugin_check import check_site
+    from slurm_chaos.plugin_check import check_image, check_site
 
-    report = check_site(args.site, expand_hostlist(args.nodes) if args.nodes else None)
+    if args.root is not None:
+        report = check_image(args.site, args.root)
+    else:
+        report = check_site(args.site, expand_hostlist(args.nodes) if args.nodes else None)
     print(report.to_json() if args.json else report.table())
     return report.exit_code
 
@@ -650,7 +634,7 @@ def _add_campaign(sub: Subparsers) -> None:
         "plugin",
         "the SPANK plugin and node hooks",
         "The SPANK plugin that injects faults into jobs, and the node hooks: install them, or audit an\n"
-        "installation.",
+        "installation (on this machine and the nodes, or in a node image with --root DIR).",
         "those of the subcommand; 2 no or an unknown subcommand",
         "sudo slurm-chaos plugin install --site site.yaml && slurm-chaos plugin check --site site.yaml",
     )
@@ -661,12 +645,25 @@ def _add_campaign(sub: Subparsers) -> None:
         "write the policy and job_submit.lua, build the plugin, write its plugstack.conf line, "
         "install the node hooks",
         "Write the fault policy and job_submit.lua, build and install the SPANK plugin, write its\n"
-        "plugstack.conf line, and install the node hooks and the health check.",
-        "0 installed, 1 the build or an install step failed, 2 bad input (site config, option)",
-        "sudo slurm-chaos plugin install --site site.yaml --prefix /usr/local",
+        "plugstack.conf line, and install the node hooks and the health check.\n"
+        "With --root DIR, install all of it into a node image (a Warewulf container, a chroot) as if\n"
+        "DIR were /: each file lands at DIR + its path, and the paths written into the files are the\n"
+        "booted node's. Nothing outside DIR is written and no daemon is told; the plugin is built\n"
+        "against this machine's Slurm headers (the image must run the same Slurm release). A symlink\n"
+        "in DIR is followed as the node would follow it, from DIR; one that leaves DIR refuses the\n"
+        "install before anything is written.",
+        "0 installed, 1 the build or an install step failed, 2 bad input (site config, option, a --root "
+        "that is not a directory, a symlink in it that leaves it)",
+        "sudo slurm-chaos plugin install --site site.yaml --prefix /usr/local\n"
+        "  sudo slurm-chaos plugin install --site site.yaml --root /srv/warewulf/chroots/rocky9/rootfs",
     )
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
     q.add_argument("--prefix", default="/usr/local", help="install prefix (default: /usr/local)")
+    q.add_argument(
+        "--root",
+        metavar="DIR",
+        help="install into this node image's root directory instead of this machine (an existing directory)",
+    )
     q.set_defaults(handler=_plugin_install)
     q = _command(
         ps,
@@ -674,12 +671,19 @@ def _add_campaign(sub: Subparsers) -> None:
         "audit an installation: policy, plugstack.conf, plugin, hooks, slurm.conf settings; "
         "exit 1 names each item that is UNSAFE or MISSING",
         "Audit an installation on every node: policy, plugstack.conf, plugin, hooks, slurm.conf\n"
-        "settings; each item that is UNSAFE or MISSING is named with its path and the fix.",
-        "0 every item OK, 1 an item is UNSAFE or MISSING, 2 bad input (site config, option)",
-        "slurm-chaos plugin check --site site.yaml --nodes 'node[1-4]' --json",
+        "settings; each item that is UNSAFE or MISSING is named with its path and the fix.\n"
+        "With --root DIR, audit a node image instead: the node's checks on the files under DIR (symlinks\n"
+        "resolved inside it), with the Prolog, Epilog and PlugStackConfig of the image's slurm.conf;\n"
+        "no Slurm command runs.",
+        "0 every item OK, 1 an item is UNSAFE or MISSING, 2 bad input (site config, option, a --root "
+        "that is not a directory)",
+        "slurm-chaos plugin check --site site.yaml --nodes 'node[1-4]' --json\n"
+        "  slurm-chaos plugin check --site site.yaml --root /srv/warewulf/chroots/rocky9/rootfs",
     )
     q.add_argument("--site", required=True, type=site_config, help=SITE_HELP)
-    q.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2]; default: all)")
+    where = q.add_mutually_exclusive_group()
+    where.add_argument("--nodes", help="only these nodes (a Slurm hostlist, e.g. node[1-2]; default: all)")
+    where.add_argument("--root", metavar="DIR", help="audit this node image's root directory, not the nodes")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(handler=_plugin_check)
 

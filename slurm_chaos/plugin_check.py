@@ -18,6 +18,11 @@ above it (a root-owned sticky directory such as /tmp above it is fine), symlinks
 node's files are read through a :class:`NodeFiles`: directly on this machine, through ``nsenter``
 into a sandbox node's mount namespace, or with ``srun -w NODE`` on a real cluster (``stat``,
 ``readlink``, ``cat`` and ``find``, one argv each), so the checks run the same against a fake tree.
+
+``plugin check --site S --root DIR`` audits a node image instead (what ``plugin install --root DIR``
+wrote): the node's checks on the image's files (:class:`ImageFiles`: each path read under DIR,
+every symlink resolved inside it as the booted node would), with the Prolog, Epilog and
+PlugStackConfig of the image's own slurm.conf; no Slurm command runs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import re
 import shlex
 import stat
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from itertools import pairwise
 from pathlib import Path, PurePosixPath
@@ -47,6 +52,7 @@ from slurm_chaos.faults.plugin_install import (
     LUA_MARK,
     OWN_LUA,
     PLUGIN_FILE,
+    SHIM_FILE,
     render_job_submit,
     site_policy_path,
     slurm_etc,
@@ -55,10 +61,11 @@ from slurm_chaos.faults.policy import PolicyError, parse_policy
 from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.model import ClusterConfig
+from slurm_chaos.slurm.parse import parse_scontrol_config
 from slurm_chaos.slurm.step import StepRunner
 
 CONTROLLER = "controller"
-SHIM_FILE = "libslurm_chaos_io.so"
+IMAGE = "image"
 #: Our hooks' names in prolog.d/epilog.d/healthcheck.d (observe.healthcheck writes the last two).
 HEARTBEAT_HOOK = "40-slurm-chaos-heartbeat"
 HEALTHCHECK_HOOK = "50-slurm-chaos"
@@ -253,6 +260,61 @@ class RunnerFiles:
         return sorted(line for line in done.stdout.splitlines() if line)
 
 
+@dataclass
+class ImageFiles:
+    """A node image's files: each path of the node read at `root` + path. Symlinks are resolved by
+    :func:`walk` (an absolute target from the image's root, ``..`` never above it), so nothing is
+    read through a link out of the image; the image's root stands for the node's ``/``."""
+
+    root: Path
+
+    def _host(self, path: str) -> str:
+        return str(self.root) + os.path.normpath(path) if path != "/" else str(self.root)
+
+    def lstat(self, paths: Sequence[str]) -> dict[str, Entry]:
+        out = {}
+        for p in paths:
+            try:
+                out[p] = local_lstat(self._host(p))
+            except OSError:
+                continue
+        return out
+
+    def readlink(self, path: str) -> str | None:
+        try:
+            return os.readlink(self._host(path))
+        except OSError:
+            return None
+
+    def _resolved(self, path: str) -> str | None:
+        chain = walk(self, path)
+        if chain.missing or not chain.entries or chain.entries[-1][1].is_link:
+            return None
+        return chain.entries[-1][0]
+
+    def read(self, path: str) -> str | None:
+        resolved = self._resolved(path)
+        if resolved is None:
+            return None
+        try:
+            fd = os.open(self._host(resolved), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                return fh.read(MAX_READ).decode("utf-8", "replace")
+            except OSError:
+                return None
+
+    def unsafe_below(self, path: str) -> list[str]:
+        resolved = self._resolved(path)
+        if resolved is None:
+            return []
+        top = self._host(resolved)
+        bad = LocalFiles().unsafe_below(top)
+        return sorted(os.path.join(resolved, os.path.relpath(p, top)) for p in bad)
+
+
 def parse_stat(text: str) -> dict[str, Entry]:
     """``stat -c '%u %g %f %n'`` output -> entries by path."""
     out = {}
@@ -371,13 +433,15 @@ class Expected:
     agent_log: str
     heartbeat_dir: str | None
     site_path: str
+    image: str = ""  # the image's root directory, when an image is audited
 
     @property
     def reinstall(self) -> str:
-        return f"slurm-chaos plugin install --site {self.site_path}"
+        into = f" --root {self.image}" if self.image else ""
+        return f"slurm-chaos plugin install --site {self.site_path}{into}"
 
 
-def expected(site: Site, config: ClusterConfig) -> Expected:
+def expected(site: Site, config: ClusterConfig, image: str = "") -> Expected:
     """Where `plugin install` put each part for this site; Slurm's own word for slurm.conf and
     plugstack.conf (what slurmctld and slurmstepd really read)."""
     from slurm_chaos.observe.healthcheck import site_options
@@ -398,6 +462,7 @@ def expected(site: Site, config: ClusterConfig) -> Expected:
         agent_log=str(site_agent_log(site)),
         heartbeat_dir=str(heartbeats) if heartbeats else None,
         site_path=str(site.path),
+        image=image,
     )
 
 
@@ -899,6 +964,28 @@ def node_access(site: Site, node: str, runner: Runner) -> NodeFiles | str:
             opts.append(f"--reservation={site.slurm.reservation}")
         files = RunnerFiles(StepRunner(runner, node, tuple(opts)))
     return files.reach() or files
+
+
+def slurm_conf_settings(text: str, path: str) -> ClusterConfig:
+    """The settings of a slurm.conf file (``Key=value`` lines; comments dropped) that the audit reads."""
+    lines = (line.split("#", 1)[0] for line in text.splitlines())
+    return replace(parse_scontrol_config("\n".join(lines)), slurm_conf=path)
+
+
+def check_image(site_path: Path | str, root_dir: Path | str) -> Report:
+    """Audit a node image (``--root DIR``) as a node: its files, and the Prolog, Epilog and
+    PlugStackConfig of its own slurm.conf (none: reported as not set)."""
+    from slurm_chaos.faults.install_root import InstallRoot
+    from slurm_chaos.sandbox.layout import site_placeholders
+    from slurm_chaos.site import load_site
+
+    root = InstallRoot.at(root_dir)
+    site = load_site(site_path, site_placeholders)
+    files = ImageFiles(root.path)
+    conf = site.slurm.conf or str(slurm_etc(site) / "slurm.conf")
+    config = slurm_conf_settings(files.read(conf) or "", conf)
+    exp = expected(site, config, str(root.path))
+    return Report(tuple(node_findings(files, IMAGE, exp)))
 
 
 def check_site(

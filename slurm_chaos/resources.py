@@ -64,12 +64,15 @@ def import_root() -> Path:
     return _ROOT
 
 
-def isolated_python(module: str, func: str = "main") -> list[str]:
+def isolated_python(
+    module: str, func: str = "main", python: str | None = None, root: Path | str | None = None
+) -> list[str]:
     """``python -I -c BOOTSTRAP``: `module`'s `func(argv)` run by this interpreter on this
     slurm_chaos, isolated (no PYTHON* variables, neither the current directory nor user
-    site-packages on sys.path): how root runs our code; append its arguments."""
+    site-packages on sys.path): how root runs our code; append its arguments. `python` and
+    `root` name another interpreter and import root (a node image's, as its node sees them)."""
     boot = (
-        f"import sys; sys.path.insert(0, {str(import_root())!r}); "
+        f"import sys; sys.path.insert(0, {str(root or import_root())!r}); "
         f"from {module} import {func}; sys.exit({func}(sys.argv[1:]))"
     )
-    return [sys.executable, "-I", "-c", boot]
+    return [python or sys.executable, "-I", "-c", boot]

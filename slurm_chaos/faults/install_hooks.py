@@ -10,7 +10,10 @@ current directory nor user site-packages on sys.path) and bounded by ``timeout``
 whatever happens.
 
 The Python code the hooks run as root is the installer's own (its import root), so that
-directory and every directory above it must be root's and writable by nobody else.
+directory and every directory above it must be root's and writable by nobody else. Into a node
+image (an :class:`InstallRoot` of ``--root DIR``) the hooks name the interpreter and import root
+as the booted node sees them: the image's own copy when this slurm-chaos runs from inside the
+image's tree, else the same paths as here (the image must then hold them there too).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
 from slurm_chaos.faults.authz import DEFAULT_AUDIT_LOG, GRANT_SUFFIX
 from slurm_chaos.faults.cleanup import TIDY_NAME
+from slurm_chaos.faults.install_root import LIVE, InstallRoot
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME
 from slurm_chaos.resources import import_root
@@ -101,8 +105,10 @@ def render_hook(
     deadline_s: float,
     timeout_s: int,
     ckpt_roots: Sequence[str] = (),
+    code_root: Path | str | None = None,
 ) -> str:
-    """Text of one hook script (kind: prolog or epilog)."""
+    """Text of one hook script (kind: prolog or epilog); `code_root`: the import root the node runs
+    (default: this slurm_chaos's)."""
     q = shlex.quote
     return _TEMPLATE.format(
         kind=kind,
@@ -118,7 +124,7 @@ def render_hook(
         timeout_bin=q(shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"),
         timeout=int(timeout_s),
         python=q(python),
-        bootstrap=q(_BOOTSTRAP.format(root=str(import_root()))),
+        bootstrap=q(_BOOTSTRAP.format(root=str(code_root or import_root()))),
         journal_root=q(str(journal_root)),
         log_file=q(str(log_file)),
         deadline=f"{deadline_s:g}",
@@ -173,15 +179,24 @@ def unsafe_code_for_root(root: Path) -> str | None:
     return None
 
 
-def refuse_unsafe_code(what: str) -> None:
+def node_code_root(root: InstallRoot = LIVE) -> str:
+    """The import root hooks written under `root` run, as the node sees it."""
+    return root.node(import_root())
+
+
+def refuse_unsafe_code(what: str, root: InstallRoot = LIVE) -> None:
     """ConfigError when, running as root, the code that hooks written now would run as root (this
-    package, from its import root) is not root's alone."""
+    package, from its import root) is not root's alone. Under an image, its copy of that code is
+    checked where it has one (``plugin check --root`` audits it either way)."""
     if os.geteuid() != 0:
         return
-    root = import_root()
-    why = unsafe_code_for_root(root)
+    node_root = node_code_root(root)
+    if root.missing(node_root):
+        return
+    where = root.host(node_root)
+    why = unsafe_code_for_root(where)
     if why:
-        raise ConfigError(str(root), "", f"{what} would run this code as root, but {why}")
+        raise ConfigError(str(where), "", f"{what} would run this code as root, but {why}")
 
 
 def install_hooks(
@@ -195,30 +210,42 @@ def install_hooks(
     deadline_s: float = DEFAULT_DEADLINE_S,
     timeout_s: int = DEFAULT_TIMEOUT_S,
     ckpt_roots: Sequence[str] = (),
+    root: InstallRoot = LIVE,
 ) -> list[Path]:
     """Write ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos`` under `hooks_dir`; returns them.
 
     `policy`: the policy file (default: ``<hooks_dir>/slurm-chaos-policy.toml``, beside slurm.conf).
     `deadline_s`: the watchdog's bound when the job's time limit is unknown. `ckpt_roots`: the
     site's allowed checkpoint roots (none: ckpt-full refuses every path). ConfigError when the
-    code the hooks would run as root is not root's alone.
+    code the hooks would run as root is not root's alone. Every path is the node's: under an
+    image's `root` the hooks and the journal directory are written into it (`python` as the node
+    sees it, e.g. ``root.python()``); the paths returned are the node's.
     """
-    refuse_unsafe_code("the hooks")
+    refuse_unsafe_code("the hooks", root)
     policy = policy or hooks_dir / POLICY_NAME
     written = []
     for kind in ("prolog", "epilog"):
         path = hooks_dir / f"{kind}.d" / HOOK_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
+        where = root.parent_made(path)
+        tmp = where.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
         tmp.unlink(missing_ok=True)
         text = render_hook(
-            kind, python, journal_root, log_file, policy, audit_log, deadline_s, timeout_s, ckpt_roots
+            kind,
+            python,
+            journal_root,
+            log_file,
+            policy,
+            audit_log,
+            deadline_s,
+            timeout_s,
+            ckpt_roots,
+            node_code_root(root),
         )
         tmp.write_text(text)
         tmp.chmod(0o755)
-        tmp.rename(path)  # atomic: slurmd never runs a half-written hook
+        tmp.rename(where)  # atomic: slurmd never runs a half-written hook
         written.append(path)
-    journal_root.mkdir(parents=True, exist_ok=True)
+    root.made(journal_root)
     return written
 
 
@@ -258,8 +285,9 @@ def site_agent_log(site: Site) -> Path:
     return DEFAULT_LOG
 
 
-def install_site_hooks(site: Site, python: str = sys.executable) -> list[Path]:
-    """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root()."""
+def install_site_hooks(site: Site, python: str = sys.executable, root: InstallRoot = LIVE) -> list[Path]:
+    """Install the hooks into the site's ``slurm.hooks_dir``, journalling under site_journal_root();
+    `python`: the interpreter as the node sees it."""
     if not site.slurm.hooks_dir:
         raise ConfigError(str(site.path), "slurm.hooks_dir", "needed to install the prolog/epilog hooks")
     hooks_dir = Path(site.slurm.hooks_dir)
@@ -273,4 +301,5 @@ def install_site_hooks(site: Site, python: str = sys.executable) -> list[Path]:
         policy=site_policy_path(site),
         audit_log=site_audit_log(site),
         ckpt_roots=site.safety.allowed_checkpoint_roots,
+        root=root,
     )

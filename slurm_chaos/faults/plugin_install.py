@@ -13,6 +13,10 @@
   PlugStackConfig file the site names (``slurm.plugstack_conf``). The line carries paths only:
   a user's own plugstack.conf grants nothing. slurmstepd reads plugstack.conf at every step
   start, so no daemon restart is needed.
+
+With an :class:`InstallRoot` of a node image (``--root DIR``) every file lands under DIR while the
+paths written into them are the booted node's; the plugin is built here, against this machine's
+Slurm headers, and copied in.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from slurm_chaos.errors import ChaosError, ConfigError
+from slurm_chaos.errors import ChaosError, ConfigError, UsageError
 from slurm_chaos.faults.catalogue import CATALOGUE_PATH
+from slurm_chaos.faults.install_root import LIVE, InstallRoot
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.resources import shipped
@@ -33,6 +38,8 @@ from slurm_chaos.runner import Runner
 from slurm_chaos.site import Safety, Site
 
 PLUGIN_FILE = "slurm_chaos.so"
+#: The checkpoint I/O shim, installed beside the plugin (which preloads it for ckpt-* faults).
+SHIM_FILE = "libslurm_chaos_io.so"
 JOB_SUBMIT_LUA = "job_submit.lua"
 #: Our script under its own name, for a site that already has a job_submit.lua.
 OWN_LUA = "slurm-chaos-job_submit.lua"
@@ -106,16 +113,18 @@ def _is_our_line(line: str) -> bool:
     return len(words) >= 2 and not words[0].startswith("#") and Path(words[1]).name == PLUGIN_FILE
 
 
-def update_plugstack(path: Path, line: str | None) -> bool:
+def update_plugstack(path: Path, line: str | None, current: Path | None = None) -> bool:
     """Replace (or, with ``line=None``, remove) our line in plugstack.conf; other lines stay.
 
-    Written to a temporary file and renamed, so slurmstepd never reads half a file.
-    Returns whether an earlier slurm_chaos line was there.
+    Written to a temporary file and renamed, so slurmstepd never reads half a file. `current`:
+    where its present text is read (default: `path`; in an image, the file a link there names
+    inside the image). Returns whether an earlier slurm_chaos line was there.
     """
-    old = path.read_text().splitlines() if path.exists() else []
+    current = current or path
+    old = current.read_text().splitlines() if current.exists() else []
     kept = [entry for entry in old if not _is_our_line(entry)]
     new = kept + ([line] if line else [])
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    mode = current.stat().st_mode & 0o777 if current.exists() else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plugstack.")
     try:
         with os.fdopen(fd, "w") as fh:
@@ -128,24 +137,35 @@ def update_plugstack(path: Path, line: str | None) -> bool:
     return len(kept) != len(old)
 
 
-def build_plugin(prefix: Path | str, runner: Runner, *, timeout: float = 300) -> Path:
-    """``make install`` the plugin under prefix; returns the installed .so path.
+def build_plugin(
+    prefix: Path | str, runner: Runner, *, timeout: float = 300, root: InstallRoot = LIVE
+) -> Path:
+    """``make install`` the plugin under prefix; returns the installed .so path (the node's).
 
     The sources are read where they ship (site-packages may be read-only); objects go to a
-    temporary build directory of ours, so every install is a clean build of these sources.
+    temporary build directory of ours, so every install is a clean build of these sources. Into
+    an image, make installs into that directory too (DESTDIR), and the two libraries are copied
+    under the image's root from there: ``install -d`` would follow a link the image holds.
     """
     prefix = Path(prefix)
+    libdir = prefix / "lib" / "slurm-chaos"
     with tempfile.TemporaryDirectory(prefix="slurm-chaos-build.") as tmp:
+        stage = Path(tmp) / "stage"
         # The checkpoint I/O shim goes beside the plugin, which preloads it for ckpt-* faults.
         for name in ("spank_plugin", "preload"):
             build = Path(tmp) / name
             # CATALOGUE: the Makefile's default (../slurm_chaos/...) holds in a checkout only.
             make = ["make", "-C", str(shipped(name)), "install", f"PREFIX={prefix}", f"B={build}"]
-            result = runner([*make, f"CATALOGUE={CATALOGUE_PATH}"], timeout=timeout)
+            destdir = [f"DESTDIR={stage}"] if root.is_image else []
+            result = runner([*make, f"CATALOGUE={CATALOGUE_PATH}", *destdir], timeout=timeout)
             if not result.ok:
                 tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
                 raise ChaosError(f"building {name} failed (make install):\n" + "\n".join(tail))
-    return prefix / "lib" / "slurm-chaos" / PLUGIN_FILE
+        if root.is_image:
+            for lib in (PLUGIN_FILE, SHIM_FILE):
+                built = stage / libdir.relative_to("/") / lib
+                root.write(libdir / lib, built.read_bytes(), mode=0o755)
+    return libdir / PLUGIN_FILE
 
 
 def render_job_submit(policy: Path) -> str:
@@ -168,28 +188,32 @@ def _write_root_file(path: Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
-def install_job_submit(etc: Path, policy: Path) -> tuple[Path, tuple[str, ...]]:
+def install_job_submit(etc: Path, policy: Path, root: InstallRoot = LIVE) -> tuple[Path, tuple[str, ...]]:
     """Write our job_submit.lua into `etc` (slurmctld's directory); returns it and notes for the admin.
 
     A site's own job_submit.lua is kept: ours goes beside it under OWN_LUA, and the note says
-    how to call it. slurm.conf needs ``JobSubmitPlugins=lua`` (noted when it is missing).
+    how to call it. slurm.conf needs ``JobSubmitPlugins=lua`` (noted when it is missing). Paths
+    are the node's: under `root`, what is read and written is the image's.
     """
     text = render_job_submit(policy)
     target = etc / JOB_SUBMIT_LUA
     notes: list[str] = []
-    if target.exists() and LUA_MARK not in target.read_text(errors="replace"):
+    existing = root.host(target)
+    if existing.exists() and LUA_MARK not in existing.read_text(errors="replace"):
         target = etc / OWN_LUA
         notes.append(
             f"{etc / JOB_SUBMIT_LUA} is the site's own: ours is {target}; without it slurmctld cannot "
             f"refuse --chaos at submission and the prolog grants nothing. Rename your functions, "
             f"dofile('{target}') at the top, and call its slurm_job_submit from yours"
         )
-    _write_root_file(target, text)
-    conf = etc / "slurm.conf"
+    _write_root_file(root.parent_made(target), text)
+    conf = root.host(etc / "slurm.conf")
     if conf.exists() and not re.search(
         r"(?im)^\s*JobSubmitPlugins\s*=.*\blua\b", conf.read_text(errors="replace")
     ):
-        notes.append(f"{conf}: add JobSubmitPlugins=lua (and restart slurmctld) so that {target} runs")
+        notes.append(
+            f"{etc / 'slurm.conf'}: add JobSubmitPlugins=lua (and restart slurmctld) so that {target} runs"
+        )
     return target, tuple(notes)
 
 
@@ -199,10 +223,12 @@ def install_plugin(
     runner: Runner,
     *,
     journal_dir: str | None = None,
+    root: InstallRoot = LIVE,
 ) -> InstallResult:
     """Write the policy and job_submit.lua, build and install the plugin, register it in plugstack.conf.
 
     The site comes loaded (its placeholders filled in by the caller: the CLI, from the sandbox).
+    Under an image's `root` the paths returned are the node's.
 
     The journal directory defaults to the one the site's prolog/epilog hooks and ``cleanup``
     use (``site_journal_root``): the plugin appends to the same per-node journal files, and
@@ -221,13 +247,14 @@ def install_plugin(
         render_job_submit(policy_path)
     except ValueError as exc:
         raise ConfigError(str(site.path), "safety", str(exc)) from exc
-    plugin = build_plugin(prefix, runner)
-    policy_path.parent.mkdir(parents=True, exist_ok=True)
-    write_policy(policy_path, policy)
-    lua, notes = install_job_submit(policy_path.parent, policy_path)
+    if root.is_image and not Path(prefix).is_absolute():
+        raise UsageError(f"--prefix: {prefix} must be an absolute path (the node's) with --root")
+    plugin = build_plugin(prefix, runner, root=root)
+    write_policy(root.parent_made(policy_path), policy)
+    lua, notes = install_job_submit(policy_path.parent, policy_path, root)
     line = plugstack_line(plugin, args)
     plugstack = Path(site.slurm.plugstack_conf)
-    replaced = update_plugstack(plugstack, line)
+    replaced = update_plugstack(root.parent_made(plugstack), line, root.host(plugstack))
     return InstallResult(plugin, plugstack, line, replaced, policy_path, lua, notes)
 
 

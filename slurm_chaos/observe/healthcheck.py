@@ -29,6 +29,7 @@ from slurm_chaos.probe.heartbeat import heartbeat_dir, read_heartbeats, this_nod
 from slurm_chaos.runner import Runner, SubprocessRunner
 
 if TYPE_CHECKING:
+    from slurm_chaos.faults.install_root import InstallRoot
     from slurm_chaos.site import Site
     from slurm_chaos.slurm.protocol import Scheduler
 
@@ -373,12 +374,14 @@ def _root_preamble() -> str:
     return f"cd / || exit 0\nPATH={SYSTEM_PATH}\nexport PATH\n"
 
 
-def _root_python(module: str, func: str) -> str:
+def _root_python(module: str, func: str, root: InstallRoot) -> str:
     """``PYTHON -I -c BOOTSTRAP``: `module`'s `func` run with the interpreter and source tree installing
-    it, isolated (no PYTHON* variables, neither the current directory nor user site-packages)."""
+    it (as the node under `root` sees them), isolated (no PYTHON* variables, neither the current
+    directory nor user site-packages)."""
+    from slurm_chaos.faults.install_hooks import node_code_root
     from slurm_chaos.resources import isolated_python
 
-    return shlex.join(isolated_python(module, func))
+    return shlex.join(isolated_python(module, func, root.python(), node_code_root(root)))
 
 
 def _timeout_bin() -> str:
@@ -387,55 +390,61 @@ def _timeout_bin() -> str:
     return shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"
 
 
-def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path) -> list[Path]:
+def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path, root: InstallRoot | None = None) -> list[Path]:
     """Write ``prolog.d/`` and ``epilog.d/40-slurm-chaos-heartbeat``: every job gets its own heartbeat
     directory (``<heartbeats>/<node>/<job>``, its user's) at its start and loses it at its end.
 
     They run for every job, so they are short and bounded, and exit 0 whatever happens. ConfigError
-    when the code they would run as root is not root's alone."""
+    when the code they would run as root is not root's alone. Paths are the node's: under an
+    image's `root` the hooks are written into it; the paths returned are the node's."""
     from slurm_chaos.faults.install_hooks import refuse_unsafe_code
+    from slurm_chaos.faults.install_root import LIVE
 
-    refuse_unsafe_code("the heartbeat hooks")
+    root = root or LIVE
+    refuse_unsafe_code("the heartbeat hooks", root)
     written = []
     for kind in ("prolog", "epilog"):
         hook = hooks_dir / f"{kind}.d" / HEARTBEAT_HOOK_NAME
-        hook.parent.mkdir(parents=True, exist_ok=True)
         text = (
             "#!/bin/sh\n"
             f"# slurm-chaos: the job's heartbeat directory ({kind}); "
             "written by slurm-chaos, edits are overwritten.\n"
             f"{_root_preamble()}"
             f"{shlex.quote(_timeout_bin())} -k 5 {HEARTBEAT_HOOK_TIMEOUT_S} "
-            f"{_root_python('slurm_chaos.probe.heartbeat', 'hook_main')}"
+            f"{_root_python('slurm_chaos.probe.heartbeat', 'hook_main', root)}"
             f" {kind} --dir {shlex.quote(str(heartbeats))}"
             f' || echo "slurm-chaos: heartbeat {kind} hook exited $? for job ${{SLURM_JOB_ID:-?}}" >&2\n'
             "exit 0\n"
         )
-        write_atomic(hook, text, mode=0o755)
+        write_atomic(root.parent_made(hook), text, mode=0o755)
         written.append(hook)
     return written
 
 
-def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = None) -> Path:
+def install_healthcheck(
+    hooks_dir: Path, site: Site, heartbeats: Path | None = None, root: InstallRoot | None = None
+) -> Path:
     """Write `hooks_dir/healthcheck.d/50-slurm-chaos` (and its config) with the site's enabled signals,
     and the prolog/epilog hooks that give each job its heartbeat directory.
 
     The hooks run this module with the interpreter and source tree installing it, so they work from
     a checkout as well as from an installed package. Returns the health check hook's path.
-    ConfigError when that code is not root's alone (root would run it).
+    ConfigError when that code is not root's alone (root would run it). Under an image's `root`
+    every file is written into it, naming the node's paths; the path returned is the node's.
     """
     from slurm_chaos.faults.install_hooks import refuse_unsafe_code
+    from slurm_chaos.faults.install_root import LIVE
 
-    refuse_unsafe_code("the health check hook")
+    root = root or LIVE
+    refuse_unsafe_code("the health check hook", root)
     opts = site_options(site, heartbeats)
     config = hooks_dir / CONFIG_NAME
     comment = (
         f'slurm-chaos health check for site "{site.cluster}" ({site.path}),\n'
         "written by slurm-chaos (install_healthcheck); edits are overwritten."
     )
-    write_atomic(config, render_config(opts, comment))
+    write_atomic(root.parent_made(config), render_config(opts, comment))
     hook = hooks_dir / "healthcheck.d" / HOOK_NAME
-    hook.parent.mkdir(parents=True, exist_ok=True)
     env = f"export SLURM_CONF={shlex.quote(site.slurm.conf)}\n" if site.slurm.conf else ""
     hook_text = (
         "#!/bin/sh\n"
@@ -443,11 +452,11 @@ def install_healthcheck(hooks_dir: Path, site: Site, heartbeats: Path | None = N
         "written by slurm-chaos, edits are overwritten.\n"
         f"{_root_preamble()}"
         f"{env}"
-        f"exec {_root_python('slurm_chaos.observe.healthcheck', 'main')}"
+        f"exec {_root_python('slurm_chaos.observe.healthcheck', 'main', root)}"
         f' --config {shlex.quote(str(config))} "$@"\n'
     )
-    write_atomic(hook, hook_text, mode=0o755)
-    install_heartbeat_hooks(hooks_dir, opts.heartbeats)
+    write_atomic(root.parent_made(hook), hook_text, mode=0o755)
+    install_heartbeat_hooks(hooks_dir, opts.heartbeats, root)
     return hook
 
 

@@ -16,7 +16,11 @@ REPO = UNIT.parents[1]
 #: What starts processes of their own: the probe's local rank launchers and the C builds' ``make``.
 LAUNCHERS = {"run_local", "start_ranks", "_make"}
 #: Tests that spawn without a launcher (a torch process of their own).
-OTHER_SPAWNERS = {("test_probe_run.py", "test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch")}
+OTHER_SPAWNERS = {
+    ("test_probe_run.py", "test_rank_exits_cleanly_while_a_daemon_thread_is_inside_torch"),
+    # plugin install --root with the real runner: make builds the plugin and the I/O shim.
+    ("test_install_root.py", "test_the_plugin_is_built_here_and_copied_into_the_image"),
+}
 
 
 def _is_spawns(node: ast.expr) -> bool:
