@@ -417,9 +417,9 @@ def _detector_cell(a: ExperimentAnalysis, detector: str) -> Cell:
 def _signal_cell(a: ExperimentAnalysis, wanted: str) -> Cell:
     return _first(
         [
-            Cell("silenced" if o.silenced else "fired", o.time - a.window.start, o.signal)
+            Cell("silenced" if o.silenced else "fired", o.after(a.window.start), o.signal)
             for o in a.result.observations
-            if o.time >= a.window.start and signal_matches(o.signal, wanted)
+            if o.since(a.window.start) and signal_matches(o.signal, wanted)
         ]
     )
 
@@ -432,7 +432,7 @@ def _own_columns(analyses: Sequence[ExperimentAnalysis]) -> tuple[str, ...]:
             o.signal
             for a in analyses
             for o in a.result.observations
-            if o.time >= a.window.start and any(signal_matches(o.signal, w) for w in DETECTION_SIGNALS)
+            if o.since(a.window.start) and any(signal_matches(o.signal, w) for w in DETECTION_SIGNALS)
         }
     )
     return tuple(expected) + tuple(r for r in raised if not any(signal_matches(r, w) for w in expected))

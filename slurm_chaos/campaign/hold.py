@@ -44,7 +44,7 @@ def release_due(
     if fault_start is None:  # the fault has not begun: nothing can have been seen yet
         return False
     for wanted, deadline in waits(e):
-        seen = any(o.time >= fault_start and any(matches(o, w) for w in wanted) for o in observations)
+        seen = any(o.since(fault_start) and any(matches(o, w) for w in wanted) for o in observations)
         if not seen and (deadline is None or now < fault_start + deadline + GRACE_S):
             return False
     return True

@@ -567,6 +567,10 @@ def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
     assert release_due(e, t0, (drained,), t0 + 11)
     # A signal from before the fault does not count.
     assert not release_due(e, t0, (Observation("healthcheck_drain", t0 - 1, ""),), t0 + 11)
+    # One Slurm timed in whole seconds (its reason time) may read up to a second early.
+    rounded = Observation("healthcheck_drain", t0 - 0.7, "", resolution_s=1.0)
+    assert release_due(e, t0, (rounded,), t0 + 11)
+    assert not release_due(e, t0, (replace(rounded, time=t0 - 5),), t0 + 11)
     # Nothing seen: released once the longest deadline (remediation, 120 s) plus the grace passed.
     alert = Observation("alert_firing:ChaosCheckpointFailing", t0 + 20, "")
     assert not release_due(e, t0, (alert,), t0 + 100)
