@@ -8,8 +8,9 @@ Layout read::
     RUN_DIR/experiments/<name>/fault.sbatch     the SPEC as the job got it (placeholders filled in)
     RUN_DIR/experiments/<name>/observations.json (slurm_chaos.rundir)
 
-The HTML page also reads the site config the manifest names, when it loads, for which switch each
-node hangs off (the heat map's rows). Every output depends only on these files (seeded bootstrap,
+The HTML page groups the heat map's rows by the switch each node hangs off: as the manifest
+recorded it when the campaign started, else (an older manifest) from the site config it names,
+when that still loads. Every output depends only on these files (seeded bootstrap,
 no clock; the HTML shows the start in the machine's time zone), so running the report twice gives
 byte-identical files.
 """
@@ -70,7 +71,8 @@ class RunReport:
 def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> RunReport:
     """Analyse every experiment the manifest lists; bad input raises DataError naming the file.
 
-    ``switches`` (node -> switch) defaults to the racks of the site config the manifest names.
+    ``switches`` (node -> switch) defaults to the manifest's, recorded when the campaign started,
+    else the racks of the site config the manifest names.
     """
     manifest = read_manifest(run_dir)
     min_effect = MIN_EFFECT if manifest.min_effect is None else manifest.min_effect
@@ -85,8 +87,9 @@ def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> Run
         for i, p in zip(tested, adjusted, strict=True):
             n = manifest.experiments[i]
             analyses[i] = analyse_experiment(experiment_dir(run_dir, n), n, min_effect, (p, len(tested)))
-    topology = site_switches(manifest.site) if switches is None else switches
-    return RunReport(manifest, tuple(analyses), min_effect, topology)
+    if switches is None:
+        switches = manifest.switches or site_switches(manifest.site)
+    return RunReport(manifest, tuple(analyses), min_effect, switches)
 
 
 def site_switches(site: str) -> dict[str, str]:

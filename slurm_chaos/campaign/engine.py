@@ -164,6 +164,8 @@ def open_campaign(
             kind=RunKind(kind),
             slurm_version=scheduler.version(),
         )
+    # Kept from the start (a resumed run's too): the report's heat map needs no site file then.
+    manifest.switches = manifest.switches or {n: rack.switch for rack in site.racks for n in rack.nodes}
     manifest.planned = [e.name for e in experiments]
     manifest.min_effect = max(min(e.hypothesis.max_regression for e in experiments), min_effect_floor)
     camp = Campaign(

@@ -321,6 +321,7 @@ def test_resume_runs_only_what_is_left(
     new = fake.submissions[before:]
     assert [s.script.name for s in new if s.script] == ["fault.sbatch"]  # no second baseline
     assert again.manifest.experiments == ["control-aa", "node-drain-requeue"]
+    assert again.manifest.switches == camp.manifest.switches != {}
 
 
 def test_time_budget_leaves_the_rest_for_resume(
@@ -347,6 +348,9 @@ def test_start_takes_the_cluster_it_is_given(
     assert isinstance(camp, Campaign)
     assert camp.manifest.started == clock.now and camp.manifest.slurm_version == fake.slurm_version
     assert run_campaign(camp) is True
+    # Which switch each node hangs off, from the site's racks, for the report once the site is gone.
+    recorded = rundir.read_manifest(camp.run_dir).switches
+    assert recorded["n01"] == "leafA" and recorded["n08"] == "leafB" and len(recorded) == 8
 
 
 # ------------------------------------------------------------------ remediation checks

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -209,6 +210,25 @@ def test_heat_map_rows_are_grouped_by_switch_and_node(run_dir: Path, page: str) 
     assert "Ranks x time by switch and node" in page
     plain = render_html(analyse_run(run_dir, switches={}))
     assert "heat-switch" not in plain and 'id="slow-gpu-heat-node-node1"' in plain
+
+
+def test_heat_map_groups_by_the_switches_the_manifest_kept_once_the_site_is_gone(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """A sandbox site does not load once its sandbox is down: the manifest's switches stand in."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    gone = {**manifest, "site": str(tmp_path / "sandbox-down.yaml")}
+    (copy / "manifest.json").write_text(json.dumps({**gone, "switches": SWITCHES}))
+    report = analyse_run(copy)
+    assert report.switches == SWITCHES
+    assert 'id="slow-gpu-heat-switch-leaf02"' in render_html(report)
+    # An older manifest without them: the site config it names, here none that loads.
+    (copy / "manifest.json").write_text(json.dumps(gone))
+    assert analyse_run(copy).switches == {}
+    (copy / "manifest.json").write_text(json.dumps({**gone, "site": str(DATA / "sites" / "golden.yaml")}))
+    assert analyse_run(copy).switches["n08"] == "leafB"
 
 
 def test_heat_rows_order_and_collapse() -> None:
