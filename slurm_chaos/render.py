@@ -224,14 +224,20 @@ def control_root(site: Site) -> str:
     return str(site_journal_root(site))
 
 
+def recorded_faults(spec: str | None) -> frozenset[str]:
+    """The faults of a SPEC that record on each node whether their injection took."""
+    from slurm_chaos.faults.injection import RECORDED
+    from slurm_chaos.faults.spec import parse_spec
+
+    return frozenset(r.name for r in parse_spec(spec) if r.name in RECORDED) if spec else frozenset()
+
+
 def injection_root(site: Site, spec: str | None) -> str | None:
     """Where the nodes keep their injection records (the journal root), for a SPEC with a fault
     that keeps one; None: the fault job has nothing to collect."""
-    from slurm_chaos.faults.injection import RECORDED
     from slurm_chaos.faults.install_hooks import site_journal_root
-    from slurm_chaos.faults.spec import parse_spec
 
-    if not spec or not any(r.name in RECORDED for r in parse_spec(spec)):
+    if not recorded_faults(spec):
         return None
     return str(site_journal_root(site))
 

@@ -8,8 +8,9 @@ Layout read::
     RUN_DIR/experiments/<name>/fault.sbatch     the SPEC as the job got it (placeholders filled in)
     RUN_DIR/experiments/<name>/observations.json (slurm_chaos.rundir)
 
-The HTML page also reads the site config the manifest names, when it loads, for which switch each
-node hangs off (the heat map's rows). Every output depends only on these files (seeded bootstrap,
+The HTML page groups the heat map's rows by the switch each node hangs off: as the manifest
+recorded it when the campaign started, else (an older manifest) from the site config it names,
+when that still loads. Every output depends only on these files (seeded bootstrap,
 no clock; the HTML shows the start in the machine's time zone), so running the report twice gives
 byte-identical files.
 """
@@ -20,7 +21,7 @@ import html
 import json
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,12 +31,15 @@ from slurm_chaos.analysis.experiment import ExperimentAnalysis, analyse_experime
 from slurm_chaos.analysis.model import Detection, ExperimentResult, Verdict
 from slurm_chaos.analysis.multiplicity import holm
 from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT
-from slurm_chaos.analysis.verdict import DETECTION_SIGNALS, signal_matches
+from slurm_chaos.analysis.verdict import DETECTION_SIGNALS, REMEDIATION_SIGNALS, signal_matches
 from slurm_chaos.errors import ChaosError
-from slurm_chaos.rundir import Manifest, experiment_dir, read_manifest
+from slurm_chaos.rundir import Expectation, Manifest, Signal, detector_signal, experiment_dir, read_manifest
 from slurm_chaos.schedule import DESIGN as SWITCHBACK
+from slurm_chaos.site import SIGNAL_KIND
 
 REPORT_FILES = {"html": "report.html", "json": "report.json", "junit": "report.xml"}
+#: An overview cell of a detector that stayed quiet where the experiment waits for none of its signals.
+NOT_EXPECTED = "not-expected"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ class RunReport:
 def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> RunReport:
     """Analyse every experiment the manifest lists; bad input raises DataError naming the file.
 
-    ``switches`` (node -> switch) defaults to the racks of the site config the manifest names.
+    ``switches`` (node -> switch) defaults to the manifest's, recorded when the campaign started,
+    else the racks of the site config the manifest names.
     """
     manifest = read_manifest(run_dir)
     min_effect = MIN_EFFECT if manifest.min_effect is None else manifest.min_effect
@@ -85,8 +90,9 @@ def analyse_run(run_dir: Path, switches: Mapping[str, str] | None = None) -> Run
         for i, p in zip(tested, adjusted, strict=True):
             n = manifest.experiments[i]
             analyses[i] = analyse_experiment(experiment_dir(run_dir, n), n, min_effect, (p, len(tested)))
-    topology = site_switches(manifest.site) if switches is None else switches
-    return RunReport(manifest, tuple(analyses), min_effect, topology)
+    if switches is None:
+        switches = manifest.switches or site_switches(manifest.site)
+    return RunReport(manifest, tuple(analyses), min_effect, switches)
 
 
 def site_switches(site: str) -> dict[str, str]:
@@ -264,6 +270,7 @@ section{margin-top:2em;border-top:2px solid #ddd}
 .plots svg{max-width:100%;height:auto}.note{color:#555;font-size:.9em}
 td.cell{white-space:nowrap;text-align:center}td.num{white-space:nowrap}.cell.fired{background:#c8e6c9}
 .cell.silenced{background:#ffe0b2}.cell.missed{background:#f5f5f5;color:#b71c1c}
+.cell.not-expected{color:#757575}
 .spec{font-family:ui-monospace,monospace;word-break:break-all}.row{display:flex;gap:1em;flex-wrap:wrap;align-items:flex-start}
 """
 
@@ -369,7 +376,9 @@ def _plots_html(a: ExperimentAnalysis, switches: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class Cell:
     """One detector in one experiment: ``fired``, ``silenced`` (fired, but Alertmanager silenced or
-    inhibited it: nobody on call was told) or ``missed`` (it did not fire after the fault began)."""
+    inhibited it: nobody on call was told), ``missed`` (it did not fire after the fault began) or
+    ``not-expected`` (it did not fire, and the experiment waits for none of its signals: an A/A
+    control waits for none at all, so its quiet detectors missed nothing)."""
 
     state: str
     time_to_detect_s: float | None = None
@@ -378,7 +387,12 @@ class Cell:
     @property
     def text(self) -> str:
         after = "" if self.time_to_detect_s is None else f" {self.time_to_detect_s:.0f} s"
-        return {"fired": f"fired{after}", "silenced": f"fired (silenced){after}"}.get(self.state, "missed")
+        texts = {
+            "fired": f"fired{after}",
+            "silenced": f"fired (silenced){after}",
+            NOT_EXPECTED: "not expected",
+        }
+        return texts.get(self.state, "missed")
 
 
 @dataclass(frozen=True)
@@ -395,32 +409,64 @@ class Overview:
     rows: tuple[tuple[ExperimentAnalysis, tuple[Cell, ...]], ...]
 
 
-def _first(cells: Sequence[Cell]) -> Cell:
-    """The earliest firing that reached people, else the earliest silenced one, else missed."""
+def _first(cells: Sequence[Cell], expected: bool = True) -> Cell:
+    """The earliest firing that reached people, else the earliest silenced one, else missed (or
+    not expected)."""
     for state in ("fired", "silenced"):
         times = [c for c in cells if c.state == state]
         if times:
             return min(times, key=lambda c: c.time_to_detect_s or 0.0)
-    return Cell("missed")
+    return Cell("missed" if expected else NOT_EXPECTED)
 
 
-def _detector_cell(a: ExperimentAnalysis, detector: str) -> Cell:
+def _waits_for(e: Expectation, might_be: Callable[[str], bool]) -> bool:
+    """Whether the experiment waits for a column: one of its detection signals ``might_be`` it;
+    naming none, it waits for any monitoring signal where it expects a slowdown (verdict rule 4),
+    for none where it does not (an A/A control)."""
+    if not e.detect_signals:
+        return e.expect_regression
+    return any(might_be(w) for w in e.detect_signals)
+
+
+def _detector_cell(a: ExperimentAnalysis, detector: str, covers: frozenset[str]) -> Cell:
+    def might_be(wanted: str) -> bool:
+        """A wanted signal the detector's firing may be: a kind it covers, its own name; a generic
+        signal (an alert, a drain) may be its alert or its drain reason too."""
+        if wanted.startswith(SIGNAL_KIND):
+            return wanted[len(SIGNAL_KIND) :] in covers
+        if signal_matches(detector_signal(detector), wanted):
+            return True
+        return not wanted.startswith((f"{Signal.DETECTOR}:", f"{Signal.REFERENCE}:"))
+
     return _first(
         [
             Cell("silenced" if d.silenced else "fired", d.time_to_detect_s, d.signal)
             for d in a.result.detections
             if d.detector == detector
-        ]
+        ],
+        _waits_for(a.expectation, might_be),
     )
 
 
-def _signal_cell(a: ExperimentAnalysis, wanted: str) -> Cell:
+def _signal_cell(a: ExperimentAnalysis, column: str) -> Cell:
+    e = a.expectation
+    # A column of a drain or a requeue is waited for as a remediation step too.
+    remedies = [s for step in e.remediation for s in REMEDIATION_SIGNALS.get(step, (step,))]
     return _first(
         [
-            Cell("silenced" if o.silenced else "fired", o.time - a.window.start, o.signal)
+            Cell("silenced" if o.silenced else "fired", o.after(a.window.start), o.signal)
             for o in a.result.observations
-            if o.time >= a.window.start and signal_matches(o.signal, wanted)
-        ]
+            if o.since(a.window.start) and signal_matches(o.signal, column)
+        ],
+        any(signal_matches(column, r) for r in remedies)
+        or _waits_for(e, lambda w: signal_matches(column, w) or signal_matches(w, column)),
+    )
+
+
+def _covers(analyses: Sequence[ExperimentAnalysis], detector: str) -> frozenset[str]:
+    """The signal kinds a detector covers, as its firings in the run say."""
+    return frozenset(
+        k for a in analyses for o in a.result.observations if o.detector == detector for k in o.covers
     )
 
 
@@ -432,7 +478,7 @@ def _own_columns(analyses: Sequence[ExperimentAnalysis]) -> tuple[str, ...]:
             o.signal
             for a in analyses
             for o in a.result.observations
-            if o.time >= a.window.start and any(signal_matches(o.signal, w) for w in DETECTION_SIGNALS)
+            if o.since(a.window.start) and any(signal_matches(o.signal, w) for w in DETECTION_SIGNALS)
         }
     )
     return tuple(expected) + tuple(r for r in raised if not any(signal_matches(r, w) for w in expected))
@@ -441,7 +487,8 @@ def _own_columns(analyses: Sequence[ExperimentAnalysis]) -> tuple[str, ...]:
 def overview(analyses: Sequence[ExperimentAnalysis]) -> Overview:
     detectors = tuple(sorted({d.detector for a in analyses for d in a.result.detections}))
     if detectors:
-        rows = tuple((a, tuple(_detector_cell(a, d) for d in detectors)) for a in analyses)
+        covers = {d: _covers(analyses, d) for d in detectors}
+        rows = tuple((a, tuple(_detector_cell(a, d, covers[d]) for d in detectors)) for a in analyses)
         return Overview(True, detectors, rows)
     columns = _own_columns(analyses)
     return Overview(False, columns, tuple((a, tuple(_signal_cell(a, c) for c in columns)) for a in analyses))
@@ -476,7 +523,8 @@ def _overview_html(report: RunReport) -> str:
     return (
         f'<h2>Campaign overview</h2><p class="note">One row per experiment; detector columns: {e(what)}. '
         "A cell says whether it fired after the fault began and how soon, fired but silenced "
-        "(nobody was told), or missed it.</p>"
+        "(nobody was told), or missed it; not expected: it stayed quiet where the experiment waits "
+        "for none of its signals (an A/A control waits for none).</p>"
         f'<table id="overview"><thead><tr><th>experiment</th><th>verdict</th>{head}<th>regression</th>'
         f"<th>CI</th><th>remediate</th><th>reason</th></tr></thead><tbody>{body}</tbody></table>"
     )

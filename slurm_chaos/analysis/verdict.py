@@ -73,9 +73,10 @@ def matches(o: Observation, wanted: str) -> bool:
 
 
 def first_match(log: ObservationLog, wanted: tuple[str, ...]) -> Observation | None:
-    """Earliest observation at or after the fault's start that matches any of ``wanted``."""
+    """Earliest observation at or after the fault's start (:meth:`Observation.since`: a time in
+    Slurm's whole seconds may read up to a second before it) that matches any of ``wanted``."""
     for o in log.observations:  # sorted by time
-        if o.time >= log.fault_window.start and any(matches(o, w) for w in wanted):
+        if o.since(log.fault_window.start) and any(matches(o, w) for w in wanted):
             return o
     return None
 
@@ -84,12 +85,12 @@ def detections(log: ObservationLog) -> tuple[Detection, ...]:
     """Each site detector's first firing since the fault began, once per signal kind it covers."""
     first: dict[tuple[str, str], Detection] = {}
     for o in log.observations:  # sorted by time
-        if o.detector is None or o.time < log.fault_window.start:
+        if o.detector is None or not o.since(log.fault_window.start):
             continue
         for kind in o.covers:
             key = (o.detector, kind)
             if key not in first:
-                first[key] = Detection(o.detector, kind, o.time - log.fault_window.start, o.silenced)
+                first[key] = Detection(o.detector, kind, o.after(log.fault_window.start), o.silenced)
     return tuple(first.values())
 
 
@@ -98,11 +99,11 @@ def reference_seen(log: ObservationLog) -> str:
     during the fault, for a BLIND SPOT's reason: which check, how long after the fault began, and
     what of slurm-chaos's would have caught it; "" when they saw nothing."""
     prefix = f"{Signal.REFERENCE}:"
-    seen = [o for o in log.observations if o.signal.startswith(prefix) and o.time >= log.fault_window.start]
+    seen = [o for o in log.observations if o.signal.startswith(prefix) and o.since(log.fault_window.start)]
     if not seen:
         return ""
     first = seen[0]  # sorted by time
-    after = first.time - log.fault_window.start
+    after = first.after(log.fault_window.start)
     return f"; the reference check {first.signal[len(prefix) :]} saw it after {after:.0f} s: {first.detail}"
 
 
@@ -145,7 +146,7 @@ def judge(
     start = log.fault_window.start
     wanted = e.detect_signals or DETECTION_SIGNALS
     hit = first_match(log, wanted)
-    ttd = None if hit is None else hit.time - start
+    ttd = None if hit is None else hit.after(start)
     # A site detector by its name; anything else (a generic signal) by the signal, as before detectors.
     detected_by = None if hit is None else hit.detector or hit.signal
     ttr, missing = _remediation(log, e) if e.remediation else (None, "")

@@ -43,7 +43,14 @@ from slurm_chaos.experiment import Experiment, Mode, with_site_deadlines
 from slurm_chaos.faults.spec import FaultRequest, parse_spec
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.probe.reader import last_step
-from slurm_chaos.render import check_limits, fault_schedule, fault_spec, probe_steps, render_job
+from slurm_chaos.render import (
+    check_limits,
+    fault_schedule,
+    fault_spec,
+    probe_steps,
+    recorded_faults,
+    render_job,
+)
 from slurm_chaos.rundir import (
     Expectation,
     FaultWindow,
@@ -157,6 +164,8 @@ def open_campaign(
             kind=RunKind(kind),
             slurm_version=scheduler.version(),
         )
+    # Kept from the start (a resumed run's too): the report's heat map needs no site file then.
+    manifest.switches = manifest.switches or {n: rack.switch for rack in site.racks for n in rack.nodes}
     manifest.planned = [e.name for e in experiments]
     manifest.min_effect = max(min(e.hypothesis.max_regression for e in experiments), min_effect_floor)
     camp = Campaign(
@@ -323,10 +332,11 @@ def watch(
     exp: Experiment | None = None,
     faults: tuple[TimedFault, ...] = (),
     job_dir: Path | None = None,
-    hold: Expectation | None = None,
+    hold: held.Hold | None = None,
 ) -> Watched:
     """Poll until the job's run ends (a requeue starts another); inject each fault when it is due,
-    and release a held job (``hold``: what it waits for) once that was seen or is overdue.
+    and release a held job (``hold``: what it waits for) once that was seen or is overdue, or its
+    fault took on none of its nodes.
 
     Each tick asks Slurm once about the job (and the watcher once about its nodes); the wait between
     ticks grows while nothing changes, and stays short while a fault waits for the job to start
@@ -351,8 +361,10 @@ def watch(
                 assert hold is not None and job_dir is not None
                 start = injections[0].at if faults else job.started
                 observed = tuple(watcher.observations) if watcher else ()
-                if held.release_due(hold, start, observed, camp.clock.time()):
-                    log.info("%s: released job %s (%s)", title, job.job_id, held.release(job_dir))
+                nowhere = held.injected_nowhere(hold, job_dir, job.nodes)
+                if nowhere or held.release_due(hold.expectation, start, observed, camp.clock.time()):
+                    why = f": {nowhere}" if nowhere else ""
+                    log.info("%s: released job %s (%s)%s", title, job.job_id, held.release(job_dir), why)
                     released = True
             if info.state.is_terminal and info.state != JobState.REQUEUED:
                 camp.active.discard(job.job_id)
@@ -533,7 +545,8 @@ def run_experiment(camp: Campaign, exp: Experiment) -> ObservationLog:
             node_labels=mon.node_labels,
             reference_heartbeats=Path(mon.heartbeat_dir) if mon.heartbeat_dir else None,
         )
-        hold = _expectation(exp) if exp.hold_limit_s is not None else None
+        spec = fault_spec(camp.site, exp, Role.FAULT, camp.manifest.run_id)
+        hold = held.Hold(_expectation(exp), recorded_faults(spec)) if exp.hold_limit_s is not None else None
         watched = watch(camp, job, exp.name, watcher, exp, p.faults, fault_dir, hold)
     settle(camp, list(watched.nodes_seen))
     t_ran = clock.monotonic()

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 JOB_LABELS = ("job_id", "jobid", "slurm_job_id")
 #: Node states whose Reason says why (a drain, slurmd not responding, a failed node).
 REASON_STATES = ("DRAIN", "DOWN", "FAIL", "FAILING")
+#: Slurm's reason time is a time_t: whole seconds, truncated (``Observation.resolution_s``).
+REASON_TIME_RESOLUTION_S = 1.0
 #: What would have caught each finding of the reference checks: slurm-chaos's own check, metric
 #: and alert rule (site_configs/alerts/slurm-chaos.rules.yml), named in a BLIND SPOT's reason.
 REFERENCE_CATCHERS = {
@@ -86,6 +88,12 @@ class Watcher:
     is one observation ``detector:<name>``, beside the generic ones (``node_drained``,
     ``alert_firing:<alertname>``) that today's expectations name.
 
+    A drain, a down node and a detector's reason are timed when Slurm set the node's reason (its
+    ``reason_time``), not when we polled: a poll every 2 s would otherwise add up to 2 s to every
+    time to detect. Where Slurm gives no reason time, or one older than a poll that did not yet
+    show the change (a reason kept from before, as Slurm keeps one when a drained node goes down),
+    the poll's time stands.
+
     ``reference_heartbeats``: where the watcher can read the job's heartbeats (the site's
     ``monitoring.heartbeat_dir``, on the sandbox a local directory), to run slurm-chaos's own
     heartbeat checks (straggler, checkpoint failures) on them as a reference, whatever the site's
@@ -106,6 +114,8 @@ class Watcher:
     nodes_seen: set[str] = field(default_factory=set)
     #: Other names of the nodes seen (NodeHostName, NodeAddr) -> node name.
     _aliases: dict[str, str] = field(default_factory=dict)
+    #: Per observation key of a node's state: the last poll that did not show it.
+    _clear_at: dict[str, float] = field(default_factory=dict)
     last: JobInfo | None = None
     reference_heartbeats: Path | None = None
     reference_thresholds: Thresholds = field(default_factory=Thresholds)
@@ -118,15 +128,23 @@ class Watcher:
         log.info("observed %s: %s%s", o.signal, o.detail, " (silenced)" if o.silenced else "")
 
     def _note(
-        self, key: str, signal: str, detail: str, when: float | None = None, quiet: bool = False
+        self,
+        key: str,
+        signal: str,
+        detail: str,
+        when: float | None = None,
+        quiet: bool = False,
+        res: float = 0.0,
     ) -> None:
         t = self.clock.time() if when is None else when
-        self._add(key, Observation(signal, t, detail, silenced=quiet))
+        self._add(key, Observation(signal, t, detail, silenced=quiet, resolution_s=res))
 
-    def _detected(self, key: str, d: Detector, detail: str, when: float | None, quiet: bool = False) -> None:
+    def _detected(
+        self, key: str, d: Detector, detail: str, when: float | None, quiet: bool = False, res: float = 0.0
+    ) -> None:
         """A firing of site detector ``d``: observation ``detector:<name>``, with what it covers."""
         t = self.clock.time() if when is None else when
-        fired = Observation(detector_signal(d.name), t, detail, d.name, d.signals, quiet)
+        fired = Observation(detector_signal(d.name), t, detail, d.name, d.signals, quiet, res)
         self._add(f"{key}@{d.name}", fired)
 
     def tick(self) -> JobInfo | None:
@@ -180,16 +198,45 @@ class Watcher:
         self._aliases.update({host_of(a): name for a in (node.hostname, node.address) if a and a != name})
         # Our own injected drain is the fault, not a detection of it.
         ours = node.reason.startswith(REASON_PREFIX)
-        if node.drain and node.reason and not ours:
-            if node.reason.startswith(HEALTHCHECK_PREFIX):
-                self._note(f"hc-{name}", Signal.HEALTHCHECK_DRAIN, f"{name}: {node.reason}")
-            self._note(f"drain-{name}", Signal.NODE_DRAINED, f"{name}: {node.reason}")
-        if "DOWN" in node.state:
-            self._note(f"down-{name}", Signal.NODE_DOWN, f"{name}: {node.reason or 'not responding'}")
-        if node.reason and not ours and any(s in node.state for s in REASON_STATES):
+        now = self.clock.time()
+        drained = node.drain and bool(node.reason) and not ours
+        healthcheck = drained and node.reason.startswith(HEALTHCHECK_PREFIX)
+        detail = f"{name}: {node.reason}"
+        down = f"{name}: {node.reason or 'not responding'}"
+        for key, signal, what, on in (
+            (f"hc-{name}", Signal.HEALTHCHECK_DRAIN, detail, healthcheck),
+            (f"drain-{name}", Signal.NODE_DRAINED, detail, drained),
+            (f"down-{name}", Signal.NODE_DOWN, down, "DOWN" in node.state),
+        ):
+            shown = self._shown(key, on, node, ours, now)
+            if shown is not None:
+                self._note(key, signal, what, shown[0], res=shown[1])
+        key = f"reason-{name}-{node.reason}"
+        reasoned = bool(node.reason) and not ours and any(s in node.state for s in REASON_STATES)
+        shown = self._shown(key, reasoned, node, ours, now)
+        if shown is not None:
             for d in self.detectors:
                 if d.matches_reason(node.reason):
-                    self._detected(f"reason-{name}-{node.reason}", d, f"{name}: {node.reason}", None)
+                    self._detected(key, d, detail, shown[0], res=shown[1])
+
+    def _shown(
+        self, key: str, on: bool, node: NodeInfo, ours: bool, now: float
+    ) -> tuple[float | None, float] | None:
+        """None where the node does not show the state ``key`` names (this poll is then the last that
+        did not); else when it came and that time's resolution: Slurm's reason time, or the poll's
+        (None, 0) where Slurm gives none, the reason is our own injected one, or the reason is older
+        than the last poll that did not show the state (it was there before the state came)."""
+        if not on:
+            self._clear_at[key] = now
+            return None
+        if node.reason_time is None or not node.reason or ours:
+            return None, 0.0
+        t = node.reason_time.timestamp()
+        clear = self._clear_at.get(key)
+        if clear is not None and t + REASON_TIME_RESOLUTION_S <= clear:
+            return None, 0.0
+        # Never later than we saw it: a controller clock ahead of ours.
+        return min(t, now), REASON_TIME_RESOLUTION_S
 
     def _check_alert(self, alert: dict[str, object]) -> None:
         labels = alert.get("labels")

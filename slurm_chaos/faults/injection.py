@@ -5,7 +5,8 @@ engine) changes nothing, and a detector that stays quiet then is no blind spot. 
 record, per node, whether their injection took (read back from DCGM or NVML where it can be):
 ``<journal root>/<node>/<job>.injections.json``, written by the root agent (mode 0644: it holds
 fault names and readings only). The fault job copies it into its own directory with one task per
-node after the probe (``collect``, as the job's user, so root never writes where the user could
+node before the probe (what the prolog did: the campaign releases a held job whose fault took
+nowhere) and after it (``collect``, as the job's user, so root never writes where the user could
 have put a link); the analysis reads ``fault/injections/<node>.json`` (``rundir/injections.py``).
 The epilog removes the node's record with the job's grant.
 

@@ -1,8 +1,9 @@
 """``fault/injections/<node>.json``: whether each node fault's injection took on that node.
 
 Written node-side: the fault's apply keeps the record beside its journal (``faults/injection.py``)
-and a step of the fault job copies it here; read by the analysis, which judges a fault whose
-injection took nowhere NO EFFECT (there was nothing for monitoring to see)::
+and a step of the fault job copies it here, before its probe and after; read by the campaign's hold
+(``campaign/hold.py``: a held job whose fault took nowhere is released) and by the analysis, which
+judges a fault whose injection took nowhere NO EFFECT (there was nothing for monitoring to see)::
 
     {"node": "node2",
      "injections": [{"fault": "gpu-ecc", "took": false, "time": 1700000000.0,

@@ -4,6 +4,7 @@ Written by the campaign after every change (atomically), read by the report, `st
 `--resume`. Two older forms still load: the campaign's before the run directory had one owner
 (the same keys, ``started`` as Unix seconds) and the analysis's minimal one (``run_id``, ``site``,
 ``started`` as ISO-8601 text, ``experiments``), which the synthetic run directories still write.
+Keys added since (``switches``) are optional.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Manifest:
     # Smallest change in step time that counts as a regression; None: the analysis's default.
     min_effect: float | None = None
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
+    # Node -> the switch it hangs off, from the site's racks when the campaign started: the report's
+    # heat map groups ranks by it when the site config no longer loads (a sandbox site, once down).
+    switches: dict[str, str] = field(default_factory=dict)
 
     def job(self, experiment: str, role: Role) -> SubmittedJob | None:
         return next((j for j in self.jobs if j.experiment == experiment and j.role == role), None)
@@ -174,6 +178,9 @@ def _manifest(raw: dict[str, Any], path: Path) -> Manifest:
     jobs = raw.get("jobs", [])
     if not isinstance(jobs, list):
         raise DataError(f"{path}: jobs: expected a list")
+    switches = raw.get("switches", {})
+    if not isinstance(switches, dict) or not all(isinstance(v, str) and v for v in switches.values()):
+        raise DataError(f"{path}: switches: expected an object of node -> switch names")
     plain = {k: v for k, v in raw.items() if k in _TYPES}
     return Manifest(
         **plain,
@@ -187,6 +194,7 @@ def _manifest(raw: dict[str, Any], path: Path) -> Manifest:
         planned=_names(raw.get("planned", []), path, "planned"),
         min_effect=None if min_effect is None else float(min_effect),
         argv=list(argv),
+        switches={str(node): sw for node, sw in switches.items()},
     )
 
 

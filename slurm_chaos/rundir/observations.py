@@ -6,8 +6,9 @@ One per experiment directory, written by the campaign, read by the analysis::
      "fault_window": {"start": 1700000000.0, "end": 1700000300.0 | null},
      "observations": [{"signal": "node_drained", "time": 1700000042.5, "detail": "node2: NHC"},
                       {"signal": "detector:nhc", "time": 1700000042.5, "detail": "node2: NHC: ...",
-                       "detector": "nhc", "covers": ["checkpoint"], "silenced": false}],
-                                                   (detector, covers and silenced: optional)
+                       "detector": "nhc", "covers": ["checkpoint"], "silenced": false,
+                       "resolution_s": 1.0}],
+                                                   (detector, covers, silenced, resolution_s: optional)
      "expectation": {"expect_regression": true, "detect_signals": ["alert_firing:GpuSlow"], ...},
      "crashed": false}
 
@@ -85,6 +86,8 @@ class Observation:
 
     A site detector's firing names the detector and the signal kinds it covers (``covers``);
     ``silenced``: an alert Alertmanager silenced or inhibited, fired all the same.
+    ``resolution_s``: how coarse ``time`` is, 0 for a time we took ourselves; a time the source
+    gives in whole seconds (Slurm's reason time, truncated) stands for any moment up to that much later.
     """
 
     signal: str
@@ -93,6 +96,20 @@ class Observation:
     detector: str | None = None
     covers: tuple[str, ...] = ()
     silenced: bool = False
+    resolution_s: float = 0.0
+
+    def since(self, start: float) -> bool:
+        """Whether it may have happened at or after ``start`` (the fault's start).
+
+        A drain 0.3 s after the fault began reads, in Slurm's whole seconds, as up to a second
+        before it: such a time counts if the moment it stands for reaches past ``start``; a drain
+        from before the job is older than that and does not.
+        """
+        return self.time >= start or self.time + self.resolution_s > start
+
+    def after(self, start: float) -> float:
+        """Seconds from ``start`` until it, for one that :meth:`since` admits: 0 at the least."""
+        return max(self.time - start, 0.0)
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,8 @@ def _observation_json(o: Observation) -> dict[str, Any]:
         record["covers"] = list(o.covers)
     if o.silenced:
         record["silenced"] = True
+    if o.resolution_s:
+        record["resolution_s"] = o.resolution_s
     return record
 
 
@@ -198,6 +217,7 @@ def _observation(item: object, where: str, i: int) -> Observation:
         detector=detector,
         covers=_strings(o.get("covers", []), where, f"observations[{i}].covers"),
         silenced=_bool(o.get("silenced", False), where, f"observations[{i}].silenced"),
+        resolution_s=_resolution(o.get("resolution_s", 0.0), where, f"observations[{i}].resolution_s"),
     )
 
 
@@ -230,6 +250,13 @@ def _number(raw: object, where: str, key: str) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
         raise DataError(f"{where}: {key}: expected a number, got {raw!r}")
     return float(raw)
+
+
+def _resolution(raw: object, where: str, key: str) -> float:
+    value = _number(raw, where, key)
+    if value < 0:
+        raise DataError(f"{where}: {key}: expected a number of seconds >= 0, got {raw!r}")
+    return value
 
 
 def _optional_number(raw: object, where: str, key: str) -> float | None:

@@ -18,6 +18,7 @@ from slurm_chaos.rundir import (
     ObservationLog,
     load_observations,
     observations_from_json,
+    observations_to_json,
     write_observations,
 )
 
@@ -217,6 +218,24 @@ def test_observations_round_trip(tmp_path: Path) -> None:
     assert back.expectation == original.expectation
     assert back.fault_window == original.fault_window and back.fault == "gpu-xid"
     assert [o.signal for o in back.observations] == ["job_requeued", "node_drained"]  # sorted by time
+
+
+def test_a_time_in_whole_seconds_is_written_with_its_resolution_and_older_files_read_without() -> None:
+    rounded = Observation("node_drained", T0 - 0.4, "node1: NHC", resolution_s=1.0)
+    raw = observations_to_json(replace(log(DETECT), observations=(rounded, Observation("job_requeued", T0))))
+    assert [o.get("resolution_s") for o in raw["observations"]] == [1.0, None]
+    assert observations_from_json(raw).observations == (rounded, Observation("job_requeued", T0))
+    raw["observations"][0]["resolution_s"] = -1
+    with pytest.raises(DataError, match=r"observations\[0\]\.resolution_s"):
+        observations_from_json(raw)
+
+
+def test_a_drain_slurm_timed_a_fraction_of_a_second_early_is_detected_in_the_window() -> None:
+    early = replace(log(DETECT), observations=(Observation("node_drained", T0 - 0.6, "", resolution_s=1.0),))
+    j = judge(FLAT, early)
+    assert (j.verdict, j.detected_by, j.time_to_detect_s) == (Verdict.PASSED, "node_drained", 0.0)
+    stale = replace(log(DETECT), observations=(Observation("node_drained", T0 - 2, "", resolution_s=1.0),))
+    assert judge(FLAT, stale).detected_by is None
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ from slurm_chaos.experiment import load_experiment
 from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.placement import NodeRank
 from slurm_chaos.render import fault_schedule, switchback_seed
+from slurm_chaos.rundir import Expectation, InjectionRecord
+from slurm_chaos.rundir.injections import write_record_file
 from slurm_chaos.schedule import schedule_from_json
 from slurm_chaos.site import Site, load_site
 from slurm_chaos.slurm.fake import FakeScheduler, Submission, idle_nodes
@@ -319,6 +321,7 @@ def test_resume_runs_only_what_is_left(
     new = fake.submissions[before:]
     assert [s.script.name for s in new if s.script] == ["fault.sbatch"]  # no second baseline
     assert again.manifest.experiments == ["control-aa", "node-drain-requeue"]
+    assert again.manifest.switches == camp.manifest.switches != {}
 
 
 def test_time_budget_leaves_the_rest_for_resume(
@@ -345,6 +348,9 @@ def test_start_takes_the_cluster_it_is_given(
     assert isinstance(camp, Campaign)
     assert camp.manifest.started == clock.now and camp.manifest.slurm_version == fake.slurm_version
     assert run_campaign(camp) is True
+    # Which switch each node hangs off, from the site's racks, for the report once the site is gone.
+    recorded = rundir.read_manifest(camp.run_dir).switches
+    assert recorded["n01"] == "leafA" and recorded["n08"] == "leafB" and len(recorded) == 8
 
 
 # ------------------------------------------------------------------ remediation checks
@@ -546,6 +552,82 @@ def test_a_held_fault_job_is_released_once_what_it_waits_for_was_seen(
     assert release.exists() and seen_at and seen_at[0] >= requeued.time
 
 
+def test_a_held_fault_job_whose_injection_took_nowhere_is_released_without_waiting(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    """A GPU fault on nodes without GPUs: once both nodes' records say it did not take (copied
+    before the probe), the job is released, not held to its 60 s deadline; the verdict is NO EFFECT
+    whatever it waited for."""
+    fault_jobs: set[str] = set()
+
+    def lifecycle(sub: Submission) -> list[JobInfo]:
+        if sub.script is None or sub.script.name != "fault.sbatch":
+            return simple(sub)
+        fault_jobs.add(sub.job_id)
+        return running(1000)
+
+    fake.lifecycle = lifecycle
+    camp = campaign(site, fake, clock, tmp_path, "gpu-ecc")
+    exp = camp.experiments[0]
+    fault_dir = rundir.experiment_dir(camp.run_dir, exp.name) / "fault"
+    release = fault_dir / rundir.RELEASE
+    t0 = clock.time()
+    polled: dict[str, float] = {}
+    released_at: list[float] = []
+    real_poll = fake.poll
+
+    def write(node: str, took: bool) -> None:
+        record = InjectionRecord(
+            "gpu-ecc", node, took, f"gpu-ecc: no GPU on {node}: nothing was injected", t0
+        )
+        (fault_dir / rundir.INJECTIONS).mkdir(parents=True, exist_ok=True)
+        write_record_file(fault_dir / rundir.INJECTIONS / f"{node}.json", node, (record,))
+
+    def poll(ids: Sequence[str]) -> dict[str, JobInfo]:
+        out = real_poll(ids)
+        if not fault_jobs & set(ids):
+            return out
+        began = polled.setdefault("fault", clock.time())
+        if clock.time() - began > 5:
+            write("n01", False)  # one node's record: not yet
+        if clock.time() - began > 12 and not (fault_dir / rundir.INJECTIONS / "n02.json").exists():
+            assert not release.exists()
+            write("n02", False)
+        if release.exists():
+            released_at.append(clock.time() - began)
+            return {i: replace(info, state=JobState.COMPLETED) for i, info in out.items()}
+        return out
+
+    fake.poll = poll  # type: ignore[method-assign]
+    run_experiment(camp, exp)
+    assert released_at and 12 < released_at[0] < 20
+
+
+def test_a_fault_that_took_somewhere_or_not_yet_everywhere_holds_on(tmp_path: Path) -> None:
+    from slurm_chaos.campaign.hold import Hold, injected_nowhere, nothing_injected
+
+    def rec(node: str, took: bool, fault: str = "gpu-xid") -> InjectionRecord:
+        return InjectionRecord(fault, node, took, f"{fault} on {node}: {'took' if took else 'no GPU'}", 1.0)
+
+    nodes = ("n01", "n02")
+    both = (rec("n01", False), rec("n02", False))
+    assert nothing_injected(both, nodes, {"gpu-xid"})
+    assert not nothing_injected(both[:1], nodes, {"gpu-xid"})  # n02 has not written yet
+    assert not nothing_injected((*both, rec("n03", True)), nodes, {"gpu-xid"})
+    # A SPEC with two recording faults: the delayed one has not reported yet.
+    assert not nothing_injected(both, nodes, {"gpu-xid", "gpu-throttle"})
+    assert not nothing_injected(both, (), {"gpu-xid"}) and not nothing_injected(both, nodes, ())
+    hold = Hold(Expectation(), frozenset({"gpu-xid"}))
+    assert injected_nowhere(hold, tmp_path, nodes) == ""  # no records at all
+    (tmp_path / rundir.INJECTIONS).mkdir()
+    for r in both:
+        write_record_file(tmp_path / rundir.INJECTIONS / f"{r.node}.json", r.node, (r,))
+    assert injected_nowhere(hold, tmp_path, nodes) == "gpu-xid on n01: no GPU; gpu-xid on n02: no GPU"
+    assert injected_nowhere(Hold(Expectation()), tmp_path, nodes) == ""  # a SPEC that keeps no record
+    (tmp_path / rundir.INJECTIONS / "n02.json").write_text('{"node": "n02", "inj')  # being written
+    assert injected_nowhere(hold, tmp_path, nodes) == ""
+
+
 def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
     site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
 ) -> None:
@@ -567,6 +649,10 @@ def test_a_held_job_waits_at_most_the_deadline_for_a_signal_that_never_comes(
     assert release_due(e, t0, (drained,), t0 + 11)
     # A signal from before the fault does not count.
     assert not release_due(e, t0, (Observation("healthcheck_drain", t0 - 1, ""),), t0 + 11)
+    # One Slurm timed in whole seconds (its reason time) may read up to a second early.
+    rounded = Observation("healthcheck_drain", t0 - 0.7, "", resolution_s=1.0)
+    assert release_due(e, t0, (rounded,), t0 + 11)
+    assert not release_due(e, t0, (replace(rounded, time=t0 - 5),), t0 + 11)
     # Nothing seen: released once the longest deadline (remediation, 120 s) plus the grace passed.
     alert = Observation("alert_firing:ChaosCheckpointFailing", t0 + 20, "")
     assert not release_due(e, t0, (alert,), t0 + 100)

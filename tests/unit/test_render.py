@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -180,12 +181,16 @@ def test_unknown_features(constraint: str, unknown: list[str]) -> None:
 
 
 def test_a_gpu_fault_job_copies_each_nodes_injection_record(tmp_path: Path) -> None:
-    """After the probe, one task per node copies whether the GPU fault took there (never failing the job)."""
+    """Before the probe (what the prolog did, for the hold) and after it (for the verdict), one task
+    per node copies whether the GPU fault took there (never failing the job)."""
     site = load_site(DATA / "sites" / "golden.yaml")
     text = render_job(site, load_experiment("gpu-ecc"), "fault", Path("/r/gpu-ecc/fault"), "r1")
-    assert "--ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0" in text
-    assert "-m slurm_chaos.faults.injection collect" in text
-    assert "--journal-root /var/lib/slurm-chaos/journal --out /r/gpu-ecc/fault || true" in text
+    before, probe, after = re.split(r"\n(?=srun --kill-on-bad-exit=1)|(?<=--hold-max-s 90)\n", text)
+    for part in (before, after):
+        assert "--ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0" in part
+        assert "-m slurm_chaos.faults.injection collect" in part
+        assert "--journal-root /var/lib/slurm-chaos/journal --out /r/gpu-ecc/fault || true" in part
+    assert "injection" not in probe
     assert "injection" not in render_job(site, load_experiment("gpu-ecc"), "baseline", Path("/r"), "r1")
     assert "injection" not in render_job(site, load_experiment("numa-mismatch"), "fault", Path("/r"), "r1")
     script = tmp_path / "fault.sbatch"

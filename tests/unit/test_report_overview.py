@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -31,9 +32,9 @@ SWITCHES = {"node1": "leaf01", "node2": "leaf01", "node3": "leaf02", "node4": "l
 STARTED = 1_796_317_512.0  # 2026-12-03 17:05:12 UTC
 
 
-def detector(name: str, dt: float, kind: str, silenced: bool = False) -> Observation:
+def detector(name: str, dt: float, *kinds: str, silenced: bool = False) -> Observation:
     return Observation(
-        f"detector:{name}", dt, f"{name} saw {kind}", detector=name, covers=(kind,), silenced=silenced
+        f"detector:{name}", dt, f"{name} saw {kinds[0]}", detector=name, covers=kinds, silenced=silenced
     )
 
 
@@ -46,14 +47,14 @@ EXPERIMENTS = [
         Expectation(detect_signals=("signal:gpu",), detect_within_s=60.0),
         observations=[
             detector("straggler-alert", 8.0, "gpu", silenced=True),
-            detector("nhc", 12.0, "gpu"),
+            detector("nhc", 12.0, "gpu", "cpu"),
             ("node_drained", 14.0, "node3: NHC: slow GPU"),
             ("job_requeued", 16.0, "requeued off node3"),
             ("resumed_from_checkpoint", 20.0, "node1 rank 0: step 300"),
         ],
         fault_name="gpu-throttle",
     ),
-    # Only the silenced alert fires: detected, but silenced; nhc missed it.
+    # Only the silenced alert fires: detected, but silenced; nhc covers no checkpoint: not expected.
     SyntheticExperiment(
         CHECKPOINT.name,
         BASE,
@@ -62,7 +63,7 @@ EXPERIMENTS = [
         observations=[detector("straggler-alert", 5.0, "checkpoint", silenced=True)],
         fault_name=RAW_SPEC,
     ),
-    # Nothing fires at all: both detectors missed it.
+    # Nothing fires at all: nhc (it covers cpu) missed it; the straggler alert was not expected to.
     SyntheticExperiment(
         "cpu-hog",
         BASE,
@@ -151,10 +152,13 @@ def test_overview_grid_has_a_row_per_experiment_and_a_column_per_detector(page: 
         "straggler-alert": ("silenced", "fired (silenced) 8 s"),
     }
     assert grid.rows["checkpoint-full"] == {
-        "nhc": ("missed", "missed"),
+        "nhc": ("not-expected", "not expected"),
         "straggler-alert": ("silenced", "fired (silenced) 5 s"),
     }
-    assert grid.rows["cpu-hog"] == {"nhc": ("missed", "missed"), "straggler-alert": ("missed", "missed")}
+    assert grid.rows["cpu-hog"] == {
+        "nhc": ("missed", "missed"),
+        "straggler-alert": ("not-expected", "not expected"),
+    }
     # The verdict per row, coloured by its class (the CSS gives each verdict its colour).
     assert grid.verdicts == {"slow-gpu": "PASSED", "checkpoint-full": "PASSED", "cpu-hog": "BLIND_SPOT"}
     assert re.search(r"\.BLIND_SPOT\{background:#[0-9a-f]{6}\}", page)
@@ -180,6 +184,53 @@ def test_without_site_detectors_the_columns_are_our_own_detection_signals(tmp_pa
     states = {a.result.name: [(c.state, c.time_to_detect_s) for c in cells] for a, cells in grid.rows}
     assert states["alerted"] == [("fired", pytest.approx(9.0)), ("fired", pytest.approx(30.0))]
     assert states["quiet"] == [("missed", None), ("missed", None)]
+
+
+def test_an_aa_controls_quiet_detectors_are_not_expected_not_missed(tmp_path: Path) -> None:
+    """A placebo waits for no signal: its quiet cells are neutral, in both kinds of grid; one that
+    fires all the same says so."""
+    drained = ("node_drained", 12.0, "node3: NHC: slow GPU")
+    experiments = [
+        SyntheticExperiment(
+            "slow-gpu",
+            BASE,
+            SLOW,
+            Expectation(detect_signals=("signal:gpu",), remediation=("drain",)),
+            observations=[detector("nhc", 12.0, "gpu"), drained],
+        ),
+        SyntheticExperiment("control-aa", BASE, replace(BASE, seed=4), Expectation(expect_regression=False)),
+        SyntheticExperiment(
+            "noisy-aa",
+            BASE,
+            replace(BASE, seed=5),
+            Expectation(expect_regression=False),
+            observations=[detector("nhc", 3.0, "gpu")],
+        ),
+        # Naming no signal but expecting a slowdown, any monitoring signal would do (verdict rule 4).
+        SyntheticExperiment("any-signal", BASE, replace(BASE, seed=6), Expectation()),
+    ]
+    run = write_run_dir(tmp_path / "run", experiments)
+    grid = Grid()
+    grid.feed(render_html(analyse_run(run, switches={})))
+    assert grid.rows["slow-gpu"] == {"nhc": ("fired", "fired 12 s")}
+    assert grid.rows["control-aa"] == {"nhc": ("not-expected", "not expected")}
+    assert grid.rows["noisy-aa"] == {"nhc": ("fired", "fired 3 s")}
+    assert grid.rows["any-signal"] == {"nhc": ("missed", "missed")}
+    assert ".cell.not-expected{" in render_html(analyse_run(run, switches={}))
+    # Without site detectors: our own signals' columns, the drain a remediation slow-gpu waits for.
+    plain = [
+        replace(x, observations=[o for o in x.observations if not isinstance(o, Observation)])
+        for x in experiments
+    ]
+    report = analyse_run(write_run_dir(tmp_path / "plain", plain), switches={})
+    own = {a.result.name: [c.state for c in cells] for a, cells in overview(report.analyses).rows}
+    assert overview(report.analyses).columns == ("signal:gpu", "node_drained")
+    assert own == {
+        "slow-gpu": ["missed", "fired"],
+        "control-aa": ["not-expected", "not-expected"],
+        "noisy-aa": ["not-expected", "not-expected"],
+        "any-signal": ["missed", "missed"],
+    }
 
 
 def test_timeline_marks_drain_requeue_alert_and_resume(run_dir: Path, page: str) -> None:
@@ -209,6 +260,25 @@ def test_heat_map_rows_are_grouped_by_switch_and_node(run_dir: Path, page: str) 
     assert "Ranks x time by switch and node" in page
     plain = render_html(analyse_run(run_dir, switches={}))
     assert "heat-switch" not in plain and 'id="slow-gpu-heat-node-node1"' in plain
+
+
+def test_heat_map_groups_by_the_switches_the_manifest_kept_once_the_site_is_gone(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """A sandbox site does not load once its sandbox is down: the manifest's switches stand in."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, symlinks=True)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    gone = {**manifest, "site": str(tmp_path / "sandbox-down.yaml")}
+    (copy / "manifest.json").write_text(json.dumps({**gone, "switches": SWITCHES}))
+    report = analyse_run(copy)
+    assert report.switches == SWITCHES
+    assert 'id="slow-gpu-heat-switch-leaf02"' in render_html(report)
+    # An older manifest without them: the site config it names, here none that loads.
+    (copy / "manifest.json").write_text(json.dumps(gone))
+    assert analyse_run(copy).switches == {}
+    (copy / "manifest.json").write_text(json.dumps({**gone, "site": str(DATA / "sites" / "golden.yaml")}))
+    assert analyse_run(copy).switches["n08"] == "leafB"
 
 
 def test_heat_rows_order_and_collapse() -> None:

@@ -24,6 +24,7 @@ def test_a_manifest_the_campaign_wrote_before_loads(tmp_path: Path) -> None:
         1764504300.5,
     )
     assert m.interrupted and m.completed == ["control-aa"] and m.min_effect == 0.05
+    assert m.switches == {}  # written before the manifest kept the switches
     running = m.job("node-drain-requeue", "fault")
     assert running is not None and running.state is JobState.RUNNING and running.ended is None
     assert running.nodes == ("node3", "node4") and running.restarts == 1
@@ -37,6 +38,13 @@ def test_a_manifest_in_the_analysis_form_loads() -> None:
     assert m.experiments == ["gpu-throttle", "control-aa"]
     assert m.started == 1767225600.0  # 2026-01-01T00:00:00Z
     assert m.min_effect is None and m.jobs == [] and m.cluster == ""
+    assert m.switches == {}
+
+
+def test_a_manifest_keeps_which_switch_each_node_hangs_off(tmp_path: Path) -> None:
+    m = rundir.Manifest(run_id="r", site="s", started=1.0, experiments=[], switches={"n1": "leafA"})
+    rundir.write_manifest(tmp_path, m)
+    assert rundir.read_manifest(tmp_path).switches == {"n1": "leafA"}
 
 
 @pytest.mark.parametrize(
@@ -47,6 +55,8 @@ def test_a_manifest_in_the_analysis_form_loads() -> None:
         ({"experiments": ["a", "a"]}, r"manifest\.json: experiments: names repeat"),
         ({"min_effect": "big"}, r"manifest\.json: min_effect: expected a fraction"),
         ({"interrupted": "yes"}, r"manifest\.json: interrupted: expected bool"),
+        ({"switches": ["leafA"]}, r"manifest\.json: switches: expected an object"),
+        ({"switches": {"n1": 3}}, r"manifest\.json: switches: expected an object"),
         ({"jobs": [{"experiment": "x"}]}, r"manifest\.json: jobs\[0\]\.job_id: expected a string"),
         (
             {
