@@ -17,7 +17,8 @@ nodes share one kernel, /proc and /sys; what each exporter reads for itself is:
   /proc linked); it then falls back, as under ``hidepid``, to its own mount table, the node's mount
   namespace, where ``ckpt-full`` mounts a job's full volume. That volume is an overlay, which
   node_exporter leaves out by default (container layers): here only the pseudo filesystems are;
-- its network devices (``eth0``): network counters are per network namespace;
+- its network devices (``eth0``) and their counters, which are per network namespace (the netdev
+  collector; not netclass, which reads /sys/class/net: the host's sysfs, the host's devices);
 - its hostname (``node_uname_info``'s ``nodename``).
 
 The load average, CPU times and memory are the machine's, the same on every node. Only the collectors

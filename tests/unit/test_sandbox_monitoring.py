@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults import node_proc
 from slurm_chaos.resources import shipped
 from slurm_chaos.sandbox import monitoring
 from slurm_chaos.sandbox.layout import Layout
@@ -329,7 +330,7 @@ def test_a_node_exporter_left_in_an_old_slurmds_namespaces_is_started_again(
     monkeypatch.setattr(monitoring.Service, "pid", lambda svc: 7000 if svc.node_pid else 4242)
     # node1's slurmd (101) shares the exporter's namespaces; node2's (102) was started again since.
     inodes = {(7000, "net"): 1, (7000, "mnt"): 2, (101, "net"): 1, (101, "mnt"): 2, (102, "net"): 1}
-    monkeypatch.setattr(monitoring.node_proc, "ns_inode", lambda pid, kind: inodes.get((pid, kind), 9))
+    monkeypatch.setattr(node_proc, "ns_inode", lambda pid, kind: inodes.get((pid, kind), 9))
     stopped: list[str] = []
     monkeypatch.setattr(monitoring, "_stop", lambda svc: stopped.append(svc.label))
     monkeypatch.setattr(monitoring, "_reload", lambda pid: None)
