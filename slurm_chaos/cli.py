@@ -90,15 +90,17 @@ def _sandbox_status(args: argparse.Namespace) -> int:
         print(
             f"sandbox {status['name']}  root {status['root']}  bridge {status['bridge']} {status['subnet']}"
         )
-        daemons = status["daemons"]
-        assert isinstance(daemons, dict)
+        daemons, monitors, nodes = status["daemons"], status["monitoring"], status["nodes"]
+        assert isinstance(daemons, dict) and isinstance(monitors, dict) and isinstance(nodes, dict)
+        w = max(16, *(len(label) for label in monitors))
         for label, pid in daemons.items():
-            print(f"  {label:<16} {'pid ' + str(pid) if pid else 'NOT RUNNING'}")
-        nodes = status["nodes"]
-        assert isinstance(nodes, dict)
+            print(f"  {label:<{w}} {'pid ' + str(pid) if pid else 'NOT RUNNING'}")
+        for label, pid in monitors.items():
+            shown = f"pid {pid}" if isinstance(pid, int) else pid or "not running"
+            print(f"  {label:<{w}} {shown}")
         for node, state in nodes.items():
-            print(f"  {node:<16} {state}")
-        print(f"  {'health check':<16} {status['health']}")
+            print(f"  {node:<{w}} {state}")
+        print(f"  {'health check':<{w}} {status['health']}")
     daemons = status["daemons"]
     assert isinstance(daemons, dict)
     return 0 if all(daemons.values()) else 1
@@ -190,7 +192,8 @@ def _add_sandbox(sub: Subparsers) -> None:
     st = named(
         "status",
         "daemons and node states",
-        "Show the sandbox's daemons (with their pids) and the state of each node.",
+        "Show the sandbox's daemons (with their pids), its monitoring daemons (Prometheus, Alertmanager,\n"
+        "the exporter, each node's node_exporter) and the state of each node.",
         "slurm-chaos sandbox status --name chaos --json",
         _sandbox_status,
     )

@@ -954,7 +954,7 @@ def node_access(site: Site, node: str, runner: Runner) -> NodeFiles | str:
         from slurm_chaos.sandbox.layout import Layout
 
         layout = Layout.load(site.sandbox)
-        pid = read_pid(layout.run_dir / f"slurmd.{node}.pid") if layout else None
+        pid = read_pid(layout.slurmd_pidfile(node)) if layout else None
         if pid is None or not alive(pid):
             return f"the slurmd of sandbox node {node} is not running"
         files = RunnerFiles(NsRunner(runner, pid))

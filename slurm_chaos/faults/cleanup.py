@@ -52,9 +52,8 @@ class NsRunner:
         env: Mapping[str, str] | None = None,
         input: str | None = None,
     ) -> Completed:
-        flags = ["-n", "-m"] if self.mount else ["-n"]
         return self.inner(
-            ["nsenter", "-t", str(self.pid), *flags, "--", *argv], timeout=timeout, env=env, input=input
+            node_proc.nsenter_argv(self.pid, argv, mount=self.mount), timeout=timeout, env=env, input=input
         )
 
 

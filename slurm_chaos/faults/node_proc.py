@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +94,14 @@ def ns_inode(pid: int | str, kind: str, proc: Path = PROC) -> int | None:
         return os.stat(proc / str(pid) / "ns" / kind).st_ino
     except OSError:
         return None
+
+
+def nsenter_argv(pid: int, argv: Sequence[str], mount: bool = True, uts: bool = False) -> list[str]:
+    """`argv` run in the network namespace of `pid` (and its mount and UTS namespaces if asked):
+    how code on the sandbox host acts on a node, through a process that lives in it (its slurmd).
+    nsenter execs `argv` in place (no fork: no PID namespace is entered), so its PID is argv's."""
+    flags = ["-n", *(["-m"] if mount else []), *(["-u"] if uts else [])]
+    return ["nsenter", "-t", str(pid), *flags, "--", *argv]
 
 
 def parent(pid: int, proc: Path = PROC) -> int | None:

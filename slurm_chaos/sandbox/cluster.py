@@ -163,7 +163,7 @@ class Sandbox:
             Daemon("slurmctld", "slurmctld", run / "slurmctld.pid", conf_marker=True),
         ]
         out += [
-            Daemon(f"slurmd {n}", "slurmd", run / f"slurmd.{n}.pid", arg=n, conf_marker=True)
+            Daemon(f"slurmd {n}", "slurmd", layout.slurmd_pidfile(n), arg=n, conf_marker=True)
             for n in layout.node_names()
         ]
         return out
@@ -171,6 +171,15 @@ class Sandbox:
     def _is_ours(self, layout: Layout, d: Daemon) -> bool:
         marker = ("SLURM_CONF", str(layout.slurm_conf)) if d.conf_marker else None
         return daemons.is_ours(daemons.read_pid(d.pidfile), d.program, marker=marker, arg=d.arg)
+
+    def slurmd_pids(self, layout: Layout) -> dict[str, int]:
+        """The PID of each node's slurmd that runs and is ours: the process in the node's namespaces."""
+        out = {}
+        for node, d in zip(layout.node_names(), self.daemons(layout)[3:], strict=True):
+            pid = daemons.read_pid(d.pidfile)
+            if pid is not None and self._is_ours(layout, d):
+                out[node] = pid
+        return out
 
     def _ctld_alive(self, layout: Layout) -> bool:
         return self._is_ours(layout, self.daemons(layout)[2])
@@ -238,7 +247,7 @@ class Sandbox:
         if monitoring:
             from slurm_chaos.sandbox.monitoring import start_monitoring
 
-            start_monitoring(layout)
+            start_monitoring(layout, self.slurmd_pids(layout))
         log.info("sandbox %s up: %d nodes idle in %.1f s", self.name, nodes, time.monotonic() - t0)
         return layout
 
@@ -589,6 +598,7 @@ class Sandbox:
                 "heartbeat",
                 "health",
                 "nhc",
+                "node-exporter",
             ):
                 shutil.rmtree(layout.root / sub, ignore_errors=True)
             (layout.root / "sandbox.json").unlink(missing_ok=True)
@@ -614,6 +624,7 @@ class Sandbox:
 
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, object]:
+        from slurm_chaos.sandbox.monitoring import monitoring_status
         from slurm_chaos.sandbox.nhc import health_mode
 
         layout = self.layout()
@@ -629,6 +640,8 @@ class Sandbox:
             "bridge": layout.bridge,
             "subnet": f"{layout.subnet}.0/24",
             "daemons": procs,
+            # Not counted in `status`'s exit code: a sandbox may run without its monitoring.
+            "monitoring": monitoring_status(layout),
             "nodes": {n: states.get(n, "unknown") for n in layout.node_names()},
             "switches": layout.switches(),
             "reservation": layout.reservation,

@@ -65,6 +65,10 @@ class Layout:
     def log_dir(self) -> Path:
         return self.root / "log"
 
+    def slurmd_pidfile(self, node: str) -> Path:
+        """Where the slurmd of `node` writes its PID: the process whose namespaces are the node's."""
+        return self.run_dir / f"slurmd.{node}.pid"
+
     @property
     def shared_dir(self) -> Path:
         """Plays the cluster's shared filesystem: job output, checkpoints, probe files."""

@@ -37,6 +37,8 @@ REQUIRED: tuple[tuple[str, ...], ...] = (
     ("libfiu-dev",),
     ("prometheus",),
     ("prometheus-alertmanager",),
+    # Every node's node_exporter (sandbox/monitoring.py); without it the sandbox runs without them.
+    ("prometheus-node-exporter",),
 )
 
 # Quick test that avoids asking apt at all when everything is already there.
