@@ -36,6 +36,8 @@ import fnmatch
 from dataclasses import dataclass
 
 from slurm_chaos.analysis.model import BusbwResult, Comparison, Detection, Verdict
+from slurm_chaos.faults.injection import RECORDED
+from slurm_chaos.faults.spec import SpecError, parse_spec
 from slurm_chaos.rundir import Expectation, InjectionRecord, Observation, ObservationLog, Signal
 from slurm_chaos.site import SIGNAL_KIND
 
@@ -125,12 +127,25 @@ def _pct(c: Comparison) -> str:
     return f"{100 * c.regression:+.1f}% [{100 * c.ci_low:+.1f}%, {100 * c.ci_high:+.1f}%]"
 
 
-def not_injected(injections: tuple[InjectionRecord, ...]) -> str:
+def not_injected(injections: tuple[InjectionRecord, ...], spec: str = "") -> str:
     """Why nothing was injected, when the records say so on every node; "" when something took
-    (or no fault kept a record: judged as before)."""
+    (or no fault kept a record: judged as before). ``spec``: the SPEC the job got, where known; a
+    fault of it that keeps no record (a slow rank beside a GPU fault) may have taken all the same,
+    so the records then speak for part of the SPEC only and decide nothing."""
     if not injections or any(r.took for r in injections):
         return ""
+    if spec and not _all_recorded(spec):
+        return ""
     return "; ".join(dict.fromkeys(r.detail for r in injections))
+
+
+def _all_recorded(spec: str) -> bool:
+    """Every fault of ``spec`` records on each node whether its injection took."""
+    try:
+        faults = parse_spec(spec)
+    except SpecError:  # not a SPEC we can read: the records alone decide, as before
+        return True
+    return all(f.name in RECORDED for f in faults)
 
 
 def judge(
@@ -161,7 +176,7 @@ def judge(
         return verdict(Verdict.NOT_RECOVERED, "training crashed and did not finish")
     if e.max_lost_steps is not None and lost_steps > e.max_lost_steps:
         return verdict(Verdict.NOT_RECOVERED, f"lost {lost_steps} steps, at most {e.max_lost_steps} allowed")
-    nothing = not_injected(injections)
+    nothing = not_injected(injections, log.fault)
     if nothing:
         return verdict(Verdict.NO_EFFECT, nothing)
     floor = e.min_busbw_gbps

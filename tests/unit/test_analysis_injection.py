@@ -79,3 +79,13 @@ def test_the_analysis_reads_the_records_from_the_fault_jobs_directory(tmp_path: 
     )
     with pytest.raises(DataError, match=r"node3.json: injections\[0\].took: expected true or false"):
         load_injections(exp_dir / "fault")
+
+
+def test_records_of_a_gpu_fault_decide_nothing_beside_a_fault_that_keeps_none() -> None:
+    nowhere = (record("node1", False, NO_DCGM.replace("node2", "node1")), record("node2", False))
+    gpu_only = ObservationLog(FaultWindow(T0, T0 + 300), (), ECC, fault="gpu-ecc")
+    assert judge(FLAT, gpu_only, injections=nowhere).verdict is Verdict.NO_EFFECT
+    # slow-rank keeps no record: it may have taken where the GPU fault did not.
+    mixed = ObservationLog(FaultWindow(T0, T0 + 300), (), ECC, fault="gpu-ecc+slow-rank:rank=1,percent=30")
+    assert not_injected(nowhere, mixed.fault) == ""
+    assert judge(FLAT, mixed, injections=nowhere).verdict is Verdict.BLIND_SPOT
