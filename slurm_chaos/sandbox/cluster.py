@@ -259,14 +259,16 @@ class Sandbox:
             (layout.root / "tmp" / n).mkdir(parents=True, exist_ok=True)
         features = [f"{layout.rack_of(n)},sw{layout.rack_of(n)[4:]},cpu,fast" for n in layout.node_names()]
         etc = layout.etc
+        version = slurm_version(self.runner)
         _write(
             layout.slurm_conf,
-            _render("slurm.conf.j2", L=layout, features=features, health_interval=health_interval),
+            _render(
+                "slurm.conf.j2", L=layout, features=features, health_interval=health_interval, version=version
+            ),
         )
         _write(etc / "topology.conf", _render("topology.conf.j2", L=layout))
         # slurmdbd refuses a world-readable config holding the database password.
         _write(etc / "slurmdbd.conf", _render("slurmdbd.conf.j2", L=layout, db_password=DB_PASSWORD), 0o600)
-        version = slurm_version(self.runner)
         if layout.cgroups or version >= (23, 2):
             _write(etc / "cgroup.conf", _render("cgroup.conf.j2", cgroups=layout.cgroups, version=version))
         else:

@@ -122,5 +122,33 @@ def test_cgroup_conf_and_slurm_conf_per_mode_and_version() -> None:
         (False, {"ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "PrologFlags=Alloc"}),
     ):
         layout = Layout("cgx", 5, 2, "host", cgroups)
-        text = _render("slurm.conf.j2", L=layout, features=["a", "b"], health_interval=5)
-        assert expected <= conf_lines(text)
+        for version in ((22, 5), (24, 11)):
+            text = _render("slurm.conf.j2", L=layout, features=["a", "b"], health_interval=5, version=version)
+            assert expected <= conf_lines(text)
+
+
+def _select_lines(text: str) -> set[str]:
+    return {line for line in conf_lines(text) if line.startswith(("SelectTypeParameters=", "DefMemPer"))}
+
+
+def test_memory_is_consumable_where_slurm_23_02_and_later_would_otherwise_skip_the_memory_cgroup() -> None:
+    """Slurm >= 23.02's task/cgroup joins a job's memory cgroup only with CR_*_Memory (22.05: with
+    ConstrainRAMSpace alone); DefMemPerCPU shares a node's memory by cores, and 22.05 keeps CR_Core."""
+    from slurm_chaos.sandbox.cluster import _render
+    from slurm_chaos.sandbox.layout import Layout
+
+    def render(cgroups: bool, version: tuple[int, int]) -> str:
+        layout = Layout("cgx", 5, 2, "host", cgroups)
+        return _render("slurm.conf.j2", L=layout, features=["a", "b"], health_interval=5, version=version)
+
+    assert _select_lines(render(True, (22, 5))) == {"SelectTypeParameters=CR_Core"}
+    assert _select_lines(render(False, (24, 11))) == {"SelectTypeParameters=CR_Core"}  # no memory cgroup
+    for version in ((23, 2), (24, 11)):
+        text = render(True, version)
+        assert _select_lines(text) == {"SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=1000"}
+        nodes = [line for line in conf_lines(text) if line.startswith("NodeName=")]
+        assert len(nodes) == 2
+        for line in nodes:  # DefMemPerCPU x CPUs == RealMemory: memory never binds before the cores
+            words = dict(w.split("=", 1) for w in line.split())
+            assert (words["CPUs"], words["CoresPerSocket"], words["RealMemory"]) == ("2", "2", "2000")
+        assert "ConstrainRAMSpace=yes" in conf_lines(_render("cgroup.conf.j2", cgroups=True, version=version))
