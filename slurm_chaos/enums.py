@@ -7,6 +7,7 @@ file and key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import TypeVar
 
@@ -18,10 +19,16 @@ def allowed(kind: type[StrEnum]) -> str:
     return ", ".join(m.value for m in kind)
 
 
+def not_one_of(words: Iterable[object], value: object) -> str:
+    """The words for a value outside a closed set, the same wherever a set is checked (an enum
+    here, a schema's ``enum`` in a site file)."""
+    return f"expected one of {', '.join(map(str, words))}, got {value!r}"
+
+
 def parse_enum(kind: type[E], value: object) -> E:
     """The member of `kind` that `value` names; a ValueError naming the allowed words otherwise."""
     if isinstance(value, str):
         for member in kind:
             if member.value == value:
                 return member
-    raise ValueError(f"expected one of {allowed(kind)}, got {value!r}")
+    raise ValueError(not_one_of((m.value for m in kind), value))

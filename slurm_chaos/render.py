@@ -121,10 +121,6 @@ def probe_steps(site: Site, experiment: Experiment) -> int:
     return site.probe.steps
 
 
-#: The ``control`` value that makes a reversible fault start off and follow the probe's schedule.
-SWITCHBACK_CONTROL = "switchback"
-
-
 def switchback_seed(run_id: str, name: str) -> int:
     """The seed of an experiment's fault schedule in one run (32 bits): the same run id and
     experiment name give the same schedule, so a resumed run resubmits the same job."""
@@ -151,14 +147,16 @@ def fault_schedule(
 
 
 def switchback_spec(spec: str) -> str:
-    """The SPEC with ``control=switchback`` on each reversible fault, in canonical form."""
+    """The SPEC with ``control=switchback`` on each reversible fault, in canonical form: it starts
+    off and follows the probe's schedule."""
+    from slurm_chaos.faults.choices import Control
     from slurm_chaos.faults.spec import FaultRequest, format_spec, parse_spec
 
     requests = []
     for r in parse_spec(spec):
         if r.fault.key(CONTROL_KEY) is not None:
             order = [k.name for k in r.fault.keys]
-            given = {**dict(r.params), CONTROL_KEY: SWITCHBACK_CONTROL}
+            given = {**dict(r.params), CONTROL_KEY: Control.SWITCHBACK.value}
             r = FaultRequest(r.fault, tuple(sorted(given.items(), key=lambda item: order.index(item[0]))))
         requests.append(r)
     return format_spec(requests)

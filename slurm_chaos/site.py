@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from slurm_chaos.enums import not_one_of
 from slurm_chaos.errors import ConfigError
 from slurm_chaos.hostlist import expand_hostlist
 from slurm_chaos.paths import path_problem
@@ -231,7 +232,7 @@ def _describe(err: jsonschema.ValidationError) -> tuple[str, str]:
     if err.validator == "type":
         return key, f"expected {err.validator_value}, got {type(err.instance).__name__} {err.instance!r}"
     if err.validator == "enum":
-        return key, f"expected one of {err.validator_value}, got {err.instance!r}"
+        return key, not_one_of(err.validator_value, err.instance)
     return key, err.message
 
 
@@ -474,11 +475,7 @@ def _deadlines(path: Path, raw: dict[str, dict[str, float]]) -> dict[str, Deadli
     known = signal_kinds()
     for kind in raw:
         if kind not in known:
-            raise ConfigError(
-                str(path),
-                f"monitoring.deadlines.{kind}",
-                f"unknown signal kind {kind!r} (known: {', '.join(known)})",
-            )
+            raise ConfigError(str(path), f"monitoring.deadlines.{kind}", not_one_of(known, kind))
     return {kind: Deadline(d.get("detect_within_s"), d.get("remediate_within_s")) for kind, d in raw.items()}
 
 

@@ -13,10 +13,13 @@ import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
+from slurm_chaos.enums import parse_enum
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults.choices import Control
 from slurm_chaos.faults.journal import Journal
 from slurm_chaos.faults.spec import FaultRequest
 from slurm_chaos.runner import Runner
@@ -26,6 +29,8 @@ log = logging.getLogger("slurm_chaos.faults")
 #: Environment entry that marks every process slurm-chaos starts, so an undo finds them all
 #: (workers forked by stress-ng included) without trusting a PID.
 MARKER_ENV = "SLURM_CHAOS_MARKER"
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class Spawner(Protocol):
@@ -115,7 +120,7 @@ class Switchable(Controller, Protocol):
 
 def switchback(req: FaultRequest) -> bool:
     """Whether the job turns this fault on and off itself (the catalogue's ``control`` key)."""
-    return req.fault.key("control") is not None and req.get("control") == "switchback"
+    return req.fault.key("control") is not None and choice(req, "control", Control) is Control.SWITCHBACK
 
 
 ApplyFn = Callable[[FaultRequest, JobContext], list[Controller]]
@@ -146,6 +151,15 @@ def num(req: FaultRequest, key: str) -> float:
 def text(req: FaultRequest, key: str) -> str:
     value = req.get(key)
     return "" if value is None else str(value)
+
+
+def choice(req: FaultRequest, key: str, kind: type[E]) -> E:
+    """An enum key of the request (given or default) as its member of `kind` (``faults/choices.py``);
+    a word `kind` lacks is refused naming the fault, the key and the words it takes."""
+    try:
+        return parse_enum(kind, req.get(key))
+    except ValueError as exc:
+        raise ChaosError(f"{req.name}: key {key}: {exc}") from exc
 
 
 def check(res_ok: bool, what: str, detail: str) -> None:

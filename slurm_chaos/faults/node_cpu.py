@@ -23,16 +23,17 @@ from pathlib import Path
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults import cgroupfs, node_gpu, node_proc
 from slurm_chaos.faults.cgroupfs import Cgroupfs, ProcessGone
+from slurm_chaos.faults.choices import Load, SlowMethod
 from slurm_chaos.faults.journal import JournalClosed, Json, Undo, UndoContext, UndoFailed, undo_action
 from slurm_chaos.faults.node_base import (
     MARKER_ENV,
     Controller,
     JobContext,
     applies,
+    choice,
     log,
     num,
     switchback,
-    text,
 )
 from slurm_chaos.faults.node_proc import ProcId
 from slurm_chaos.faults.spec import FaultRequest
@@ -453,9 +454,9 @@ def _signal_process(data: Mapping[str, Json], ctx: UndoContext) -> str:
 
 
 def _throttle(
-    name: str, ctx: JobContext, rank: int | None, percent: float, method: str, active: bool = True
+    name: str, ctx: JobContext, rank: int | None, percent: float, method: SlowMethod, active: bool = True
 ) -> Controller:
-    if method == "cgroup":
+    if method is SlowMethod.CGROUP:
         fs = Cgroupfs()
         if not fs.v2:
             fs.cpu_hierarchy()  # no cpu controller: refused now, before anything is journalled
@@ -465,7 +466,7 @@ def _throttle(
 
 @applies("slow-rank")
 def apply_slow_rank(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    rank, percent, method = int(num(req, "rank")), num(req, "percent"), text(req, "method")
+    rank, percent, method = int(num(req, "rank")), num(req, "percent"), choice(req, "method", SlowMethod)
     return [_throttle(req.name, ctx, rank, percent, method, active=not switchback(req))]
 
 
@@ -481,14 +482,15 @@ def apply_slow_node(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     return [DutyCycle(req.name, ctx, None, num(req, "percent"), active=not switchback(req))]
 
 
-def stress_argv(load: str, cpus: int, seconds: int) -> list[str]:
-    """stress-ng command line for one noisy-neighbour load (0 CPUs = one worker per online CPU)."""
-    stressor = {
-        "cpu": ["--cpu", str(cpus)],
-        "cache": ["--cache", str(cpus)],
-        "matmul": ["--matrix", str(cpus)],
-    }
-    workers = stressor.get(load, ["--vm", str(cpus), "--vm-bytes", "10%"])
+def stress_argv(load: Load, cpus: int, seconds: int) -> list[str]:
+    """stress-ng command line for one noisy-neighbour load (0 CPUs = one worker per online CPU);
+    a matmul load on CPUs is stress-ng's matrix stressor."""
+    workers = {
+        Load.CPU: ["--cpu", str(cpus)],
+        Load.CACHE: ["--cache", str(cpus)],
+        Load.MEMORY: ["--vm", str(cpus), "--vm-bytes", "10%"],
+        Load.MATMUL: ["--matrix", str(cpus)],
+    }[load]
     return ["stress-ng", *workers, "--timeout", f"{max(1, seconds)}s", "--quiet"]
 
 
@@ -624,13 +626,13 @@ class NoisyLoad:
 
 @applies("noisy-neighbour")
 def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    load, cpus = text(req, "load"), int(num(req, "cpus"))
-    if load == "matmul" and ctx.gpus:
+    load, cpus = choice(req, "load", Load), int(num(req, "cpus"))
+    if load is Load.MATMUL and ctx.gpus:
 
         def command(seconds: int) -> list[str]:
             return node_gpu.burn_argv(ctx, seconds)  # the job's own GPUs only
     else:
-        if load == "matmul":
+        if load is Load.MATMUL:
             log.warning(
                 "noisy-neighbour: job %s holds no GPU on %s: the matmul load runs on its CPUs "
                 "(stress-ng --matrix)",

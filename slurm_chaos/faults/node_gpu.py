@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
+from slurm_chaos.faults.choices import EccKind, ThrottleMethod, XidMethod
 from slurm_chaos.faults.injection import report
 from slurm_chaos.faults.journal import Undo
-from slurm_chaos.faults.node_base import ApplyFn, Controller, JobContext, applies, check, num, text
+from slurm_chaos.faults.node_base import ApplyFn, Controller, JobContext, applies, check, choice, num
 from slurm_chaos.faults.spec import FaultRequest
 from slurm_chaos.resources import isolated_python
 from slurm_chaos.runner import Runner
@@ -192,8 +193,8 @@ def recorded(fn: ApplyFn) -> ApplyFn:
 @applies("gpu-xid")
 @recorded
 def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), text(req, "method")
-    if method in ("kmsg", "both"):
+    gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), choice(req, "method", XidMethod)
+    if method in (XidMethod.KMSG, XidMethod.BOTH):
         line = xid_line(pci_bus_id(ctx.runner, gpu), xid, ctx.node, ctx.job_id)
         ctx.journal.record(
             req.name,
@@ -206,7 +207,7 @@ def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
         except OSError as exc:
             raise ChaosError(f"gpu-xid: cannot write {KMSG}: {exc}") from exc
         report(ctx, req.name, True, f"gpu-xid on {ctx.node}: XID {xid} written to {KMSG}")
-    if method in ("dcgm", "both"):
+    if method in (XidMethod.DCGM, XidMethod.BOTH):
         missing = dcgm_missing(ctx.runner, ctx.node)
         if missing:
             return _no_dcgm(req, ctx, missing)
@@ -221,7 +222,7 @@ def apply_gpu_ecc(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     missing = dcgm_missing(ctx.runner, ctx.node)
     if missing:
         return _no_dcgm(req, ctx, missing)
-    field = FIELD_DBE_VOLATILE if text(req, "kind") == "dbe" else FIELD_SBE_VOLATILE
+    field = FIELD_DBE_VOLATILE if choice(req, "kind", EccKind) is EccKind.DBE else FIELD_SBE_VOLATILE
     _inject_checked(req, ctx, gpu, [(field, int(num(req, "count")), 0)])
     return []
 
@@ -248,7 +249,7 @@ def _query(runner: Runner, gpu: int, what: str) -> str:
 @applies("gpu-throttle")
 @recorded
 def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu = str(job_gpu(req, ctx))
+    gpu, method = str(job_gpu(req, ctx)), choice(req, "method", ThrottleMethod)
     if shutil.which("nvidia-smi") is None:
         report(
             ctx,
@@ -257,7 +258,7 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
             f"gpu-throttle: no NVML on {ctx.node} (nvidia-smi not found): nothing was throttled",
         )
         return []
-    if text(req, "method") == "power":
+    if method is ThrottleMethod.POWER:
         before = _query(ctx.runner, int(gpu), "power.limit")
         argv = ["nvidia-smi", "-i", gpu, "-pl", str(int(num(req, "power")))]
         undo = Undo(argv=("nvidia-smi", "-i", gpu, "-pl", before))
@@ -268,7 +269,7 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     ctx.journal.record(req.name, " ".join(argv), undo, ctx.deadline)
     res = ctx.runner(argv, timeout=20)
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
-    if text(req, "method") == "power":
+    if method is ThrottleMethod.POWER:
         got = _number(_query(ctx.runner, int(gpu), "power.limit"))
         took, words = read_back(num(req, "power"), got, f"power limit of GPU {gpu} (NVML)")
     else:

@@ -88,7 +88,7 @@ def test_an_experiment_word_outside_its_enum_names_the_file_the_key_and_the_word
     with pytest.raises(ConfigError) as exc:
         load_experiment_file(p)
     assert (exc.value.path, exc.value.key) == (str(p), key)
-    assert all(repr(m.value) in exc.value.problem for m in words)
+    assert exc.value.problem.startswith(f"expected one of {allowed(words)}, got '")  # parse_enum's words
     good = tmp_path / "good.yaml"
     good.write_text(EXPERIMENT)
     exp = load_experiment_file(good)

@@ -10,6 +10,7 @@ from pathlib import Path
 from waiting import wait_until
 
 from slurm_chaos.faults import node_proc
+from slurm_chaos.faults.choices import Load
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import MARKER_ENV, JobContext, popen_spawner
 from slurm_chaos.faults.node_cpu import DutyCycle, apply_slow_node, marked, stress_argv
@@ -76,9 +77,9 @@ def test_slow_node_acts_only_on_its_node(tmp_path: Path) -> None:
 
 
 def test_stress_argv() -> None:
-    assert stress_argv("cpu", 2, 30) == ["stress-ng", "--cpu", "2", "--timeout", "30s", "--quiet"]
-    assert stress_argv("memory", 1, 0)[1:4] == ["--vm", "1", "--vm-bytes"]
-    assert stress_argv("matmul", 0, 5)[1:3] == ["--matrix", "0"]
+    assert stress_argv(Load.CPU, 2, 30) == ["stress-ng", "--cpu", "2", "--timeout", "30s", "--quiet"]
+    assert stress_argv(Load.MEMORY, 1, 0)[1:4] == ["--vm", "1", "--vm-bytes"]
+    assert stress_argv(Load.MATMUL, 0, 5)[1:3] == ["--matrix", "0"]
 
 
 def test_marked_processes_are_killed_by_the_undo(tmp_path: Path) -> None:

@@ -186,7 +186,11 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
             "unknown partition",
         ),
         (lambda d: d.pop("checkpoint"), "checkpoint", "required key is missing"),
-        (lambda d: d["probe"].update(model_size="huge"), "probe.model_size", "expected one of"),
+        (
+            lambda d: d["probe"].update(model_size="huge"),
+            "probe.model_size",
+            "expected one of tiny, mini, small, medium, large, got 'huge'",
+        ),
         (lambda d: d["nodes"]["gpus"][1].update(numa_node=5), "nodes.gpus.1.numa_node", "numa_nodes is 2"),
         (lambda d: d["racks"]["r1"].update(nodes="x[1-"), "racks.r1.nodes", "bad node list"),
         (lambda d: d["slurm"].update(reservation="other"), "slurm.reservation", "allowed_reservations"),

@@ -18,7 +18,7 @@ from slurm_chaos.errors import ConfigError
 from slurm_chaos.experiment import Expect, load_experiment, with_site_deadlines
 from slurm_chaos.render import render_job
 from slurm_chaos.rundir import Role
-from slurm_chaos.site import Deadline, Site, load_site
+from slurm_chaos.site import Deadline, Site, load_site, signal_kinds
 from slurm_chaos.slurm.fake import FakeScheduler, Submission, idle_nodes
 from slurm_chaos.slurm.model import JobInfo, JobState
 
@@ -47,7 +47,7 @@ def test_the_site_declares_deadlines_per_signal_kind(tmp_path: Path) -> None:
         (
             {"gpu_xyd": {"detect_within_s": 600}},
             "monitoring.deadlines.gpu_xyd",
-            "unknown signal kind 'gpu_xyd'",
+            f"expected one of {', '.join(signal_kinds())}, got 'gpu_xyd'",  # enums.parse_enum's words
         ),
         ({"gpu_xid": {"detect_within": 600}}, "monitoring.deadlines.gpu_xid.detect_within", "unknown key"),
         ({"gpu_xid": {"detect_within_s": "10m"}}, "monitoring.deadlines.gpu_xid.detect_within_s", "expected"),
