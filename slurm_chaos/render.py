@@ -79,7 +79,7 @@ def check_limits(site: Site, experiment: Experiment) -> None:
     if experiment.is_switchback and steps < SWITCHBACK_MIN_STEPS:
         raise UsageError(
             f"experiment {experiment.name}: design switchback needs at least {SWITCHBACK_MIN_STEPS} "
-            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA)} on/off pairs of blocks of "
+            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)} on/off pairs of blocks of "
             f"up to {MAX_BLOCK} steps), it has {steps}"
         )
     unknown = unknown_features(experiment.constraint or "", site.features)
@@ -103,8 +103,10 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
 
 #: The level of the switchback test (slurm_chaos.analysis.switchback.ALPHA, not imported here: scipy).
 SWITCHBACK_ALPHA = 0.01
+#: Its statistics, each tested at alpha / their number (len(switchback.BRANCHES)).
+SWITCHBACK_STATISTICS = 2
 #: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
-SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA)
+SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)
 #: A switchback job's steps unless the experiment sets its own: some 18 on/off pairs of 10-15-step
 #: blocks after the warm-up, an MDE of about 2.5% at 5% step noise (bench/bench_sensitivity.py),
 #: 10-20 s of a sandbox probe.
