@@ -26,6 +26,14 @@ MDE of 35%; in-job with slow wander 11/1000 false positives, MDE 2.52% (reported
 80% / 100% / 100% at 2.5 / 5 / 10%; without wander 9/1000 and 2.47%; with rough wander
 (--rough) 3/500 and 2.65%.
 
+Re-measured on 2026-12-05 with the shipped statistic (the fastest rank's step time, lower decile
+and clipped mean each at alpha/2; --runs 100 --placebo-runs 400 --between-runs 30 --steps 2000,
+132 s): in-job with slow wander 2/400 false positives, MDE 2.65% (reported 3.08%), power 76% /
+100% / 100% at 2.5 / 5 / 10%; without wander 2/400 and 2.63%; at 2,000 steps (the switchback
+jobs' default now) 2/400 and 1.32% (reported 1.26%). On this model's Gaussian noise the mean
+carries the test and Bonferroni's alpha/2 costs ~5% of the MDE; the lower decile wins on real
+sandbox noise (bench/bench_noise_sandbox.py).
+
 ``--grid`` also prints the older tables: the smallest regression the between-run comparison
 detects in 95% of pairs, by steps per rank and noise.
 """
