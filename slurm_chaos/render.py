@@ -79,8 +79,8 @@ def check_limits(site: Site, experiment: Experiment) -> None:
     if experiment.is_switchback and steps < SWITCHBACK_MIN_STEPS:
         raise UsageError(
             f"experiment {experiment.name}: design switchback needs at least {SWITCHBACK_MIN_STEPS} "
-            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA)} on/off pairs of blocks of "
-            f"up to {MAX_BLOCK} steps), it has {steps}"
+            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)} "
+            f"on/off pairs of blocks of up to {MAX_BLOCK} steps), it has {steps}"
         )
     unknown = unknown_features(experiment.constraint or "", site.features)
     if unknown:
@@ -103,12 +103,15 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
 
 #: The level of the switchback test (slurm_chaos.analysis.switchback.ALPHA, not imported here: scipy).
 SWITCHBACK_ALPHA = 0.01
+#: Its statistics, each tested at alpha / their number (len(switchback.BRANCHES)).
+SWITCHBACK_STATISTICS = 2
 #: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
-SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA)
-#: A switchback job's steps unless the experiment sets its own: some 18 on/off pairs of 10-15-step
-#: blocks after the warm-up, an MDE of about 2.5% at 5% step noise (bench/bench_sensitivity.py),
-#: 10-20 s of a sandbox probe.
-SWITCHBACK_STEPS = 500
+SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)
+#: A switchback job's steps unless the experiment sets its own: some 79 on/off pairs of 10-15-step
+#: blocks after the warm-up. On the sandbox's real noise the test detects 6.3% with 80% power at
+#: 2,000 steps (9.5% at 1,000, 13% at 500; bench/bench_noise_sandbox.py), ~30 s of a sandbox probe
+#: at ~15 ms a step; 5% would take ~3,300.
+SWITCHBACK_STEPS = 2000
 
 
 def probe_steps(site: Site, experiment: Experiment) -> int:

@@ -1,29 +1,55 @@
-"""A job judged on its own switchback schedule: one statistic, one test, one coherent CI.
+"""A job judged on its own switchback schedule: two statistics, one exact test, one coherent CI.
 
 The run's fault schedule (:mod:`slurm_chaos.schedule`) toggled the fault in on/off blocks that come in pairs,
 the order within each pair decided by a coin. Everything here follows from that design:
 
-- statistic: per block, the mean of the job's measured step times (the per-step maximum over
-  ranks) after clipping outliers to the block's median +- 3 scaled MADs, on a log scale; the
-  effect ``theta`` is the mean of the on blocks' logs minus the off blocks'.
-  ``regression = exp(theta) - 1`` is the on-off difference as a fraction of the off level
-  (0.05 = on blocks 5% slower). Clipping keeps a lone long step (a checkpoint, a GC
-  pause) from moving a block; the log makes the effect a ratio. Before the test, each pair's two
-  blocks are corrected for the drift across the pair that the slope between the neighbouring
-  pairs' levels predicts (a pair's level holds one on and one off block under any assignment, so
-  the correction does not depend on the assignment and the test stays exact);
-- test: a randomisation test over the recorded assignment. Under "the fault changes every step
-  time by the factor exp(theta0)", the blocks' logs minus ``theta0`` for the on blocks would have
-  come out the same under any assignment the schedule could have drawn; the p-value is the share of
-  those assignments (all 2^pairs of them up to 16 pairs, else 10,000 drawn by the schedule's own
-  coin plus the recorded one) whose statistic is at least as far from zero as the recorded one;
-- CI: the set of ``theta0`` that this same test does not reject at ``alpha``. For each
-  re-assignment the set where it counts against ``theta0`` is an interval around the estimate (two
-  linear roots), so the CI is an order statistic of their end points, and ``p < alpha`` exactly
-  when 0 lies outside the CI, by construction;
-- ``mde``: the smallest effect this run would detect with 80% power at its own noise, from the
-  spread of the pair differences (normal-theory approximation of the randomisation test, t with
-  pairs - 1 degrees of freedom); bench/bench_sensitivity.py checks it against simulated power;
+- statistics: the job's step time per step is the *fastest* rank's (every rank waits for the
+  slowest at the all-reduce, so a fault on any rank shows in all, and the minimum carries less of
+  the ranks' own noise than the maximum). Per block, two statistics on a log scale: the lower
+  decile of the measured steps' log times (the typical step, blind to the long steps that make
+  most of the noise) and the log of their mean after clipping outliers to the block's median +- 3
+  scaled MADs (the cost, which also sees a slowdown of only some steps: stalls). The effect
+  ``theta`` of each is the mean of the on blocks' values minus the off blocks'; ``regression =
+  exp(theta) - 1`` is the on-off difference as a fraction of the off level (0.05 = on blocks 5%
+  slower). Before the test, each pair's two blocks are corrected for the drift across the pair
+  that the slope between the neighbouring pairs' levels predicts (a pair's level holds one on and
+  one off block under any assignment, so the correction does not depend on the assignment and the
+  test stays exact). Both statistics are computed the same way under every assignment, and both
+  shift by exactly ``theta0`` when every on step is scaled by exp(theta0) (a fixed quantile of log
+  times and a clipped mean are scale-equivariant), which is what the test and its inversion need.
+  Why: on the sandbox's real noise (lag-1 autocorrelation ~0.65, 12-step block means CV ~33%,
+  bench/bench_noise_sandbox.py on 11 A/A runs, 330 placebo cuts) the clipped mean of the slowest
+  rank detected 36% with 80% power at 500 steps; the lower decile of the fastest, 12.6%, and both
+  together 13.2% (power at 5/10%: 5/14% before, 29/72% now), with false positives within alpha;
+- test: a randomisation test over the recorded assignment, for each statistic at alpha / 2.
+  Under "the fault changes every step time by the factor exp(theta0)", the blocks' values minus
+  ``theta0`` for the on blocks would have come out the same under any assignment the schedule
+  could have drawn; a statistic's p-value is the share of those assignments (all 2^pairs of them
+  up to 16 pairs, else 10,000 drawn by the schedule's own coin plus the recorded one) whose
+  contrast is at least as far from zero as the recorded one. Both statistics use the same
+  re-assignments. The job's p-value is Holm's smallest adjusted one over the two (twice the
+  smaller p, Bonferroni's): exact, since each test is, and p < alpha exactly when one statistic
+  rejects at alpha / 2. (A single max-|t| over both would spend less of alpha on their
+  correlation, but its rejection set in theta0 is not an interval, so its CI could not be read
+  off as one; Bonferroni costs ~5% of the MDE here);
+- CI: the set of ``theta0`` that this same test does not reject at ``alpha``: for each statistic
+  the set its test keeps at alpha / 2 (for each re-assignment the set where it counts against
+  ``theta0`` is an interval around the estimate, two linear roots, so its CI is an order statistic
+  of their end points, and p < alpha / 2 exactly when 0 lies outside it), and the job's CI is the
+  intersection of the two, so ``p < alpha`` exactly when 0 lies outside the CI, by construction.
+  The estimate is the statistics' estimates weighted by 1 / spread^2, held inside the CI. Where
+  the two CIs do not meet, no single factor explains both (the fault changed the shape of the
+  step times: stalls); then one statistic rejects at alpha / 2 and its estimate and CI are
+  reported (``consistent`` False), still with 0 outside;
+- ``mde``: the smallest effect this run would detect with 80% power at its own noise, read off
+  the randomisation distribution: for each statistic, its standard error under the null (the
+  spread of the contrast over the re-assignments once the estimate's effect is taken out, exact
+  for sign flips) and its critical value at alpha / 2 in those units (the re-assignments'
+  quantile), widened for the effect itself (under theta the re-assignments' contrasts spread as
+  sqrt(se^2 + theta^2 / pairs)); the smaller of the two statistics' MDEs. On a long job of
+  sandbox noise it matches the simulated power (3.8% reported, 3.6% measured at 5,170 steps);
+  across short runs of uneven noise the median reported MDE sits below the effect detected in 80%
+  of all of them, the noisier runs' MDEs being larger (bench/bench_noise_sandbox.py);
 - effect call: significant -> SLOWDOWN or SPEEDUP; otherwise NO EFFECT only if the whole CI lies
   inside +-``margin`` (equivalence), else INCONCLUSIVE, with the MDE in the reason;
 - stragglers: per rank and step, log(compute time) minus log(mean compute time of the other
@@ -73,6 +99,10 @@ IntArray = npt.NDArray[np.int64]
 ALPHA = 0.01
 POWER = 0.80
 CLIP = 3.0
+#: The job statistic's quantile of each block's log step times (the lower decile).
+QUANTILE = 0.10
+#: The job's two statistics, judged on the same re-assignments; Bonferroni/Holm over both.
+BRANCHES = ("lower decile", "clipped mean")
 EQUIVALENCE_MARGIN = 0.05
 EXACT_PAIRS = 16
 N_RANDOM = 10_000
@@ -94,6 +124,25 @@ class Randomisation:
     ci_high: float
     p_value: float
     pair_se: float  # standard error of the estimate from the spread of the pair differences
+    #: the estimate's standard error under the null, from the re-assignments: the root mean square
+    #: of the contrasts of the blocks less the estimate's effect (the sign-flip variance, exact)
+    spread: float = math.inf
+    #: the test's critical value at its level in units of ``spread``: the share ``alpha`` of the
+    #: re-assignments' contrasts (at the estimate) that lie furthest from zero start beyond it
+    critical: float = math.inf
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One of the job's statistics, tested at ``alpha / len(BRANCHES)``: its estimate (fraction),
+    CI and p-value, and the MDE its own randomisation distribution gives."""
+
+    name: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    mde: float
 
 
 @dataclass(frozen=True)
@@ -137,6 +186,11 @@ class SwitchbackResult:
     #: Holm-adjusted across a campaign's in-job tests (``family`` of them); None: judged alone.
     p_adjusted: float | None = None
     family: int = 1
+    #: the job's statistics one by one (lower decile, clipped mean); the fields above combine them
+    branches: tuple[Branch, ...] = ()
+    #: False when no common effect fits both statistics at alpha (their CIs do not meet: the fault
+    #: changed the shape of the step times, not their scale); the CI is then the significant one's
+    consistent: bool = True
 
     def adjusted(self, p_adjusted: float, family: int) -> SwitchbackResult:
         """This result as one of ``family`` tests of a campaign (Holm): significant only where the
@@ -263,6 +317,13 @@ def randomisation_test(
     low_sorted, high_sorted = np.sort(low, axis=1), np.sort(high, axis=1)
     covering = np.sum((low <= 0.0) & (high >= 0.0), axis=1)
     se = _pair_se(blocks, assignment)
+    spread = _null_spread(blocks, assignment, c)
+    # The re-assignments' contrasts of the blocks less the estimate's effect: the test's null
+    # distribution where the effect is the estimate; its share alpha furthest from zero starts at
+    # the critical value.
+    null = np.sort(np.abs(a - c[:, None] * b[None, :]), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        critical = null[:, n - k] / spread
     return tuple(
         Randomisation(
             estimate=float(c[i]),
@@ -270,6 +331,8 @@ def randomisation_test(
             ci_high=float(high_sorted[i, n - k]),
             p_value=float(covering[i] / n),
             pair_se=float(se[i]),
+            spread=float(spread[i]),
+            critical=float(critical[i]) if spread[i] > 0 else math.inf,
         )
         for i in range(blocks.shape[0])
     )
@@ -294,8 +357,40 @@ def _pair_se(blocks: FloatArray, assignment: IntArray) -> FloatArray:
     return np.asarray(d.std(axis=1, ddof=1) / math.sqrt(pairs), dtype=np.float64)
 
 
+def _null_spread(blocks: FloatArray, assignment: IntArray, estimate: FloatArray) -> FloatArray:
+    """Standard deviation of the contrast over all re-assignments of the blocks less the estimate's
+    effect (sign flips of the pairs' on-minus-off differences): sqrt(sum (d - estimate)^2) / pairs."""
+    sign = np.where(assignment[0::2] == ON, 1.0, -1.0)
+    d = (blocks[:, 0::2] - blocks[:, 1::2]) * sign - estimate[:, None]
+    return np.asarray(np.sqrt((d * d).sum(axis=1)) / d.shape[1], dtype=np.float64)
+
+
+def randomisation_mde(spread: float, critical: float, pairs: int, power: float = POWER) -> float:
+    """Smallest slowdown (fraction) the randomisation test detects with ``power``, from its own
+    null distribution: ``spread`` (the estimate's standard error under the null) and ``critical``
+    (the test's critical value in units of it).
+
+    Under an effect theta the recorded pair differences carry theta, so the re-assignments'
+    contrasts spread wider, sqrt(spread^2 + theta^2 / pairs): the smallest theta with
+    theta - critical * sqrt(spread^2 + theta^2 / pairs) = z(power) * spread. With few pairs the
+    root may not exist: no effect is detected with that power.
+    """
+    if pairs < 2 or not (math.isfinite(spread) and math.isfinite(critical)) or spread <= 0:
+        return math.inf
+    zb = float(sps.norm.ppf(power))
+    a = 1.0 - critical**2 / pairs
+    if a <= 0:
+        return math.inf
+    # u = theta / spread: a u^2 - 2 zb u + zb^2 - critical^2 = 0, the root above zb
+    disc = zb * zb - a * (zb * zb - critical**2)
+    u = (zb + math.sqrt(max(disc, 0.0))) / a
+    return math.expm1(u * spread)
+
+
 def minimum_detectable(pair_se: float, pairs: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Smallest slowdown (fraction) detected with ``power`` at this standard error."""
+    """Smallest slowdown (fraction) detected with ``power`` at this standard error (normal theory,
+    t with pairs - 1 degrees of freedom: the MDE reported before the lower decile joined the clipped
+    mean, kept for the benchmarks; see :func:`randomisation_mde`)."""
     if pairs < max(2, min_pairs(alpha)) or not math.isfinite(pair_se):
         return math.inf
     df = pairs - 1
@@ -313,19 +408,9 @@ def _block_stats(values: FloatArray, block: IntArray, blocks: int) -> FloatArray
     nothing is clipped, so short blocks keep the mean's efficiency (a trimmed mean of ten steps
     would throw away a fifth of them).
     """
-    series = values.shape[0]
-    steps = np.flatnonzero(block >= 0)
-    owner = block[steps]
-    counts = np.bincount(owner, minlength=blocks)
-    out = np.full((series, blocks), np.nan)
-    if len(steps) == 0:
-        return out
-    # One padded grid, series x blocks x longest block, so every block is done at once.
-    order = np.argsort(owner, kind="stable")
-    steps, owner = steps[order], owner[order]
-    position = np.arange(len(steps)) - np.repeat(np.cumsum(counts) - counts, counts)
-    grid = np.full((series, blocks, int(counts.max())), np.inf)
-    grid[:, owner, position] = values[:, steps]
+    grid, counts = _padded(values, block, blocks)
+    if grid is None:
+        return np.full((values.shape[0], blocks), np.nan)
     inside = np.arange(grid.shape[2]) < counts[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):  # empty blocks: inf - inf, 0 / 0
         median = _padded_median(grid, counts)
@@ -333,6 +418,40 @@ def _block_stats(values: FloatArray, block: IntArray, blocks: int) -> FloatArray
         clipped = np.clip(grid, (median - spread)[..., None], (median + spread)[..., None])
         out = np.where(inside, clipped, 0.0).sum(axis=2) / counts
     return np.where(counts > 0, out, np.nan)
+
+
+def _block_quantile(values: FloatArray, block: IntArray, blocks: int, q: float = QUANTILE) -> FloatArray:
+    """The ``q`` quantile of each block's values (linear between order statistics, as numpy's
+    default), series x steps -> series x blocks; NaN when empty."""
+    grid, counts = _padded(values, block, blocks)
+    if grid is None:
+        return np.full((values.shape[0], blocks), np.nan)
+    ordered = np.sort(grid, axis=2)
+    h = q * np.maximum(counts - 1, 0)
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(counts - 1, 0))
+    index = np.arange(grid.shape[1])
+    below, above = ordered[:, index, lo], ordered[:, index, hi]
+    with np.errstate(invalid="ignore"):
+        out = below + (h - lo) * np.where(hi > lo, above - below, 0.0)
+    return np.where(counts > 0, out, np.nan)
+
+
+def _padded(values: FloatArray, block: IntArray, blocks: int) -> tuple[FloatArray | None, IntArray]:
+    """The measured values as one grid, series x blocks x longest block (+inf beyond a block's own
+    steps), so every block is done at once; and each block's count. None when nothing is measured."""
+    series = values.shape[0]
+    steps = np.flatnonzero(block >= 0)
+    owner = block[steps]
+    counts = np.bincount(owner, minlength=blocks)
+    if len(steps) == 0:
+        return None, counts
+    order = np.argsort(owner, kind="stable")
+    steps, owner = steps[order], owner[order]
+    position = np.arange(len(steps)) - np.repeat(np.cumsum(counts) - counts, counts)
+    grid = np.full((series, blocks, int(counts.max())), np.inf)
+    grid[:, owner, position] = values[:, steps]
+    return grid, counts
 
 
 def _padded_median(grid: FloatArray, counts: IntArray) -> FloatArray:
@@ -424,7 +543,7 @@ def judge_switchback(
     finite = np.isfinite(x) & (x > 0)
     block = _measured_blocks(schedule, index, finite, observed_state)
     n_blocks = len(schedule.block_steps)
-    job = np.log(_block_stats(np.where(finite, x, np.nan)[None, :], block, n_blocks))
+    job = job_blocks(np.where(finite, x, np.nan), block, n_blocks)
     pairs_ok = _complete_pairs(job)
     keep_blocks = np.repeat(pairs_ok, 2)
     assignment = np.asarray(schedule.assignment, dtype=np.int64)[keep_blocks]
@@ -438,17 +557,30 @@ def judge_switchback(
         return _untestable(schedule, pairs, on, off, dropped, alpha, margin)
     draws = reassignments(pairs, assignment, schedule.seed)
     job = _remove_local_trend(job[:, keep_blocks], schedule, pairs_ok)
-    test = randomisation_test(job, assignment, draws, alpha)[0]
-    mde = minimum_detectable(test.pair_se, pairs, alpha)
+    level = alpha / len(BRANCHES)
+    tests = randomisation_test(job, assignment, draws, level)
+    branches = tuple(
+        Branch(
+            name,
+            math.expm1(t.estimate),
+            math.expm1(t.ci_low),
+            math.expm1(t.ci_high),
+            t.p_value,
+            randomisation_mde(t.spread, t.critical, pairs) if pairs >= min_pairs(level) else math.inf,
+        )
+        for name, t in zip(BRANCHES, tests, strict=True)
+    )
+    estimate, ci_low, ci_high, p_value, consistent = combine(tests)
+    mde = min(b.mde for b in branches)
     ranks = _ranks(compute, hosts, index, block, schedule, pairs_ok, assignment, draws, alpha)
-    regression, low, high = math.expm1(test.estimate), math.expm1(test.ci_low), math.expm1(test.ci_high)
-    significant = test.p_value < alpha
+    regression, low, high = math.expm1(estimate), math.expm1(ci_low), math.expm1(ci_high)
+    significant = any(t.p_value < level for t in tests)
     effect, reason = _call(regression, low, high, significant, mde, pairs, alpha, margin)
     return SwitchbackResult(
         regression=regression,
         ci_low=low,
         ci_high=high,
-        p_value=test.p_value,
+        p_value=p_value,
         significant=significant,
         mde=mde,
         effect=effect,
@@ -461,7 +593,45 @@ def judge_switchback(
         dropped_steps=dropped,
         placebo=schedule.placebo,
         ranks=ranks,
+        branches=branches,
+        consistent=consistent,
     )
+
+
+def job_blocks(x: FloatArray, block: IntArray, blocks: int) -> FloatArray:
+    """The job's block statistics, one row per :data:`BRANCHES` entry (log scale): the lower decile
+    of each block's log step times and the log of its clipped mean."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(x)[None, :]
+        return np.vstack(
+            [_block_quantile(logs, block, blocks), np.log(_block_stats(x[None, :], block, blocks))]
+        )
+
+
+def combine(tests: Sequence[Randomisation]) -> tuple[float, float, float, float, bool]:
+    """One estimate, CI and p-value from the statistics' tests, each at alpha / len(tests):
+    (estimate, ci_low, ci_high, p_value, consistent), log scale.
+
+    The p-value is Holm's (here Bonferroni's) smallest adjusted one, len(tests) x the smallest, so
+    p < alpha exactly when some statistic's p < alpha / len(tests), i.e. when 0 lies outside its
+    CI; the CI is the effects no statistic rejects, the intersection of theirs, which therefore
+    excludes 0 exactly then too. The estimate is the statistics' estimates weighted by their
+    precision (1 / spread^2) and held inside the CI. Where the CIs do not meet, no common effect
+    fits the job (the fault changed the shape of its step times, a stall of some steps), and
+    the CI and estimate are those of the statistic with the smallest p-value, which is below
+    alpha / len(tests) there: the call stays significant and 0 outside the CI.
+    """
+    p_value = min(1.0, len(tests) * min(t.p_value for t in tests))
+    low, high = max(t.ci_low for t in tests), min(t.ci_high for t in tests)
+    if low > high:
+        first = min(tests, key=lambda t: t.p_value)
+        return first.estimate, first.ci_low, first.ci_high, p_value, False
+    weights = [1.0 / t.spread**2 if 0 < t.spread < math.inf else 0.0 for t in tests]
+    if sum(weights) > 0:
+        estimate = sum(w * t.estimate for w, t in zip(weights, tests, strict=True)) / sum(weights)
+    else:
+        estimate = tests[0].estimate
+    return min(max(estimate, low), high), low, high, p_value, True
 
 
 def _ranks(
@@ -518,9 +688,10 @@ def _call(
         return (Effect.SLOWDOWN if regression > 0 else Effect.SPEEDUP), ""
     if -margin < low and high < margin:
         return Effect.NO_EFFECT, f"{ci} lies inside +-{100 * margin:.1f}%"
-    if pairs < min_pairs(alpha):
+    need = min_pairs(alpha / len(BRANCHES))
+    if pairs < need:
         return Effect.INCONCLUSIVE, (
-            f"only {pairs} on/off pairs: a randomisation test needs {min_pairs(alpha)} to reach p < {alpha}"
+            f"only {pairs} on/off pairs: the randomisation test needs {need} to reach p < {alpha}"
         )
     return Effect.INCONCLUSIVE, (
         f"not significant, and the {ci} admits changes beyond +-{100 * margin:.1f}%; "
@@ -539,7 +710,7 @@ def _untestable(
         significant=False,
         mde=math.inf,
         effect=Effect.INCONCLUSIVE,
-        reason=f"only {pairs} complete on/off pairs measured (need {min_pairs(alpha)})",
+        reason=f"only {pairs} complete on/off pairs measured (need {min_pairs(alpha / len(BRANCHES))})",
         alpha=alpha,
         margin=margin,
         pairs=pairs,
@@ -558,11 +729,13 @@ def judge_switchback_run(
     alpha: float = ALPHA,
     margin: float = EQUIVALENCE_MARGIN,
 ) -> SwitchbackResult:
-    """:func:`judge_switchback` on a probe run: the job's step time is the slowest rank's."""
+    """:func:`judge_switchback` on a probe run: the job's step time is the fastest rank's (the
+    slowest rank's adds its own noise: every rank waits for the slowest at the all-reduce, so a
+    fault that slows any one shows in all)."""
     step_time = run.matrix("step_time")
     n = step_time.shape[1]
     return judge_switchback(
-        step_time.max(axis=0),
+        step_time.min(axis=0),
         schedule,
         compute=compute_matrix(run)[:, :n],
         hosts=run.hosts,
