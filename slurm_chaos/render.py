@@ -107,11 +107,14 @@ SWITCHBACK_ALPHA = 0.01
 SWITCHBACK_STATISTICS = 2
 #: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
 SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)
-#: A switchback job's steps unless the experiment sets its own: some 79 on/off pairs of 10-15-step
-#: blocks after the warm-up. On the sandbox's real noise the test detects 6.3% with 80% power at
-#: 2,000 steps (9.5% at 1,000, 13% at 500; bench/bench_noise_sandbox.py), ~30 s of a sandbox probe
-#: at ~15 ms a step; 5% would take ~3,300.
-SWITCHBACK_STEPS = 2000
+#: A switchback job's steps unless the experiment sets its own: some 39 on/off pairs of 10-15-step
+#: blocks after the warm-up. On the sandbox's real noise (recorded on a loaded machine) the test
+#: detects 9.5% with 80% power at 1,000 steps (6.3% at 2,000, 13% at 500;
+#: bench/bench_noise_sandbox.py), ~15 s of a sandbox probe at ~15 ms a step; on a quiet machine
+#: control-aa's 99% CI at 2,000 steps was +-3%. 2,000 doubled the maintenance campaign's time
+#: (786 s against 284 s at 500): the faults it runs cost 20% or more, so 1,000 is the default and an
+#: experiment after a smaller effect sets its own ``steps:``.
+SWITCHBACK_STEPS = 1000
 
 
 def probe_steps(site: Site, experiment: Experiment) -> int:
