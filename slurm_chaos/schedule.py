@@ -12,7 +12,7 @@ of against another run. Its layout, in steps (the probe's step index, not wall-c
   randomisation test, so for the same steps short blocks make a sharper test (more units, less
   drift inside each): 10-15 steps by default, measured on the synthetic model at 500 steps as an
   MDE of about 2.5% where 10-25 gave 2.7% (bench/bench_sensitivity.py), and on recorded sandbox
-  noise as good as 4-6 or 20-25 steps with the shipped statistic (bench/bench_noise_sandbox.py);
+  noise better than 4-6 or 20-25 with the shipped statistic (bench/bench_noise_sandbox.py);
   up to 25 for faults that are slow to settle;
 - within each pair a fair coin decides which block is on: slow drift within the run moves both
   blocks of a pair alike and cancels in their difference;
