@@ -112,7 +112,7 @@ def queries_per_tick(env: Mapping[str, str], nodes: int) -> float:
     """Slurm commands per watcher tick while a job runs on `nodes` nodes."""
     runner = CountingRunner()
     slurm = SlurmCLI(env, runner)
-    job = slurm.submit_wrap("sleep 20", ["-N", str(nodes), "--exclusive", "-t", "5"])
+    job = slurm.submit_wrap("sleep 20", ["-N", str(nodes), "--exclusive", "-t", "5", "-o", "/dev/null"])
     watcher = Watcher(slurm, job, None)
     while (info := slurm.poll([job]).get(job)) is None or info.state.value != "RUNNING":
         time.sleep(0.5)
@@ -140,7 +140,18 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
     out.mkdir()
     probe = f"{sys.executable} -m slurm_chaos.probe --mode allreduce --steps 400 --out {out}"
     job = slurm.submit_wrap(
-        f"srun {probe}", ["-N", "16", "--ntasks-per-node=1", "--switches=1", "--requeue", "-t", "10"]
+        f"srun {probe}",
+        [
+            "-N",
+            "16",
+            "--ntasks-per-node=1",
+            "--switches=1",
+            "--requeue",
+            "-t",
+            "10",
+            "-o",
+            str(out / "slurm-%j.out"),
+        ],
     )
     leaves = layout.switches()
 
