@@ -169,13 +169,32 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
         slurm.mark_down(node, "bench_scale: leaf switch lost")
     t_lost = time.monotonic()
     again = None
+    # Every change of what the controller says of the job, so that a run that never reschedules
+    # says where it stopped (requeued or not, held, waiting on BeginTime or on nodes).
+    trace: list[str] = []
+    seen = None
     while time.monotonic() - t_lost < 300:
         info = slurm.poll([job]).get(job)
+        now = (
+            None
+            if info is None
+            else (info.state.value, info.reason, info.restarts, ",".join(sorted(leaf_of(info.nodes))))
+        )
+        if now != seen:
+            trace.append(f"{time.monotonic() - t_lost:6.1f}s {now}")
+            seen = now
         if info and info.state.value == "RUNNING" and info.nodes and info.restarts > 0:
             again = leaf_of(info.nodes)
             break
         time.sleep(0.5)
     rescheduled = time.monotonic() - t_lost
+    if again is None:
+        for argv in (
+            ["scontrol", "show", "job", job],
+            ["sacct", "-j", job, "-D", "-X", "-o", "JobID,State,Reason%30,NodeList%40,Start,End"],
+        ):
+            done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, check=False)
+            trace.append(f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}")
     slurm.cancel([job])
     for node in leaves[lost]:
         try:
@@ -188,6 +207,7 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
         "rescheduled_on": sorted(again) if again else None,
         "rescheduled_within_one_other_leaf": again is not None and len(again) == 1 and lost not in again,
         "reschedule_s": rescheduled,
+        "trace": trace,
     }
 
 
@@ -267,7 +287,11 @@ def main() -> int:
         print(f"{label:34}" + "".join(f"{fmt.format(r[key]):>10}" for r in rows))
     for r in rows:
         if "leaf_loss" in r:
-            print(f"leaf loss at {r['nodes']} nodes: {json.dumps(r['leaf_loss'])}")
+            loss = dict(r["leaf_loss"])
+            trace = loss.pop("trace")
+            print(f"leaf loss at {r['nodes']} nodes: {json.dumps(loss)}")
+            print("  the job after the loss (time, (state, reason, restarts, leaves)):")
+            print("\n".join(f"  {line}" for line in trace))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

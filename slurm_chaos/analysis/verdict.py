@@ -231,7 +231,16 @@ def judge(
         return verdict(Verdict.NO_EFFECT, _no_effect_reason(c, "signal"))
     quiet = hit is not None and hit.silenced
     breach = f"; {below}" if below else ""
-    return verdict(Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr, quiet) + breach + aside)
+    # Detected, but the slowdown the hypothesis expects did not show: said, so that nobody reads
+    # the signal as a measured effect (a straggler check can drain on noise).
+    unmeasured = (
+        ", not significant: the expected slowdown was not measured"
+        if e.expect_regression and not slowed and c is not None and c.regression == c.regression
+        else ""
+    )
+    return verdict(
+        Verdict.PASSED, _passed_reason(c, detected_by, ttd, ttr, quiet) + unmeasured + breach + aside
+    )
 
 
 def _busbw_below(busbw: BusbwResult | None, floor: float | None) -> str:

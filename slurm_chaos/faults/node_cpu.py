@@ -649,14 +649,27 @@ def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller
 
 
 def marked(marker: str) -> list[ProcId]:
-    """Every live process started with MARKER_ENV=marker (and whatever it forked)."""
-    out = []
+    """Every live process started with MARKER_ENV=marker, and every descendant of one.
+
+    The environment alone does not find what a load forked: a process may write over the memory
+    its /proc/PID/environ is read from (stress-ng's workers do, to call themselves
+    "stress-ng-cpu [run]"), and then reads as having none. So the marked processes are the roots,
+    and their children, found by parent, are theirs however they look."""
+    roots: list[int] = []
+    children: dict[int, list[int]] = {}
     for pid in node_proc.pids():
         if node_proc.environ(pid).get(MARKER_ENV) == marker:
-            p = node_proc.proc_id(pid)
-            if p is not None:
-                out.append(p)
-    return out
+            roots.append(pid)
+        elif (ppid := node_proc.parent(pid)) is not None:
+            children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = roots
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return [p for p in map(node_proc.proc_id, sorted(found)) if p is not None]
 
 
 #: Listings of a marked tree the undo makes at most: each kills what the one before missed.

@@ -11,8 +11,6 @@ detector node-filesystem (about 1-2 minutes here). Without node_exporter install
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from sandbox_cli import cli, reinstall_plugin
 
 from slurm_chaos.rundir.layout import Role
 from slurm_chaos.rundir.manifest import read_manifest
@@ -44,18 +43,6 @@ ALERT = "NodeFilesystemAlmostOutOfSpace"
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 T = TypeVar("T")
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurm_chaos", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _reinstall(sandbox: Any, chaos_site: Path) -> None:
-    """Put the full health check back for whatever runs next (a run installs its site's: none here)."""
-    prefix = str(sandbox.shared_dir.parent / "prefix")
-    _cli("plugin", "install", "--site", str(chaos_site), "--prefix", prefix, env=sandbox.env)
 
 
 def _query(layout: Layout, promql: str) -> list[dict[str, Any]]:
@@ -136,9 +123,9 @@ def test_every_nodes_node_exporter_is_scraped_and_a_full_checkpoint_volume_alert
     out = tmp_path / "node-exporter"
     t0 = time.monotonic()
     try:
-        res = _cli("run", "--site", str(SITE), "checkpoint-full", "--out", str(out), "-q", env=sandbox.env)
+        res = cli("run", "--site", str(SITE), "checkpoint-full", "--out", str(out), "-q", env=sandbox.env)
     finally:
-        _reinstall(sandbox, chaos_site)
+        reinstall_plugin(sandbox, chaos_site)
     took = time.monotonic() - t0
     print(f"\ncheckpoint-full on node_exporter's host alerts: {took:.0f} s")
     assert res.returncode == 0, res.stdout + res.stderr

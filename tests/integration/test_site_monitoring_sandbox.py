@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from sandbox_cli import cli, reinstall_plugin
 
 from slurm_chaos.experiment import load_experiment
 from slurm_chaos.sandbox import nhc
@@ -27,18 +28,6 @@ from slurm_chaos.sandbox.layout import Layout
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurm_chaos", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _reinstall(sandbox: Any, chaos_site: Path) -> None:
-    """Put the full health check back for whatever runs next (a campaign installs its site's)."""
-    prefix = str(sandbox.shared_dir.parent / "prefix")
-    _cli("plugin", "install", "--site", str(chaos_site), "--prefix", prefix, env=sandbox.env)
 
 
 def _nodes(env: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -87,7 +76,7 @@ def test_nhc_as_the_health_check_program_detects_a_full_checkpoint_volume(
         assert not any(r.startswith("NHC:") for _, r in before.values()), before
         ours_before = {p.name: p.stat().st_mtime for p in states.glob("*.json")}
         t0 = time.monotonic()
-        res = _cli("run", "--site", str(site), "checkpoint-full", "--out", str(out), "-q", env=sandbox.env)
+        res = cli("run", "--site", str(site), "checkpoint-full", "--out", str(out), "-q", env=sandbox.env)
         took = time.monotonic() - t0
         # NHC resumes the node it drained once the volume is gone (the job's epilog unmounts it).
         after = _wait_nhc_resumed(sandbox.env)
@@ -98,7 +87,7 @@ def test_nhc_as_the_health_check_program_detects_a_full_checkpoint_volume(
                 subprocess.run(
                     ["scontrol", "update", f"nodename={node}", "state=resume"], env=sandbox.env, timeout=30
                 )
-        _reinstall(sandbox, chaos_site)
+        reinstall_plugin(sandbox, chaos_site)
     print(f"\ncheckpoint-full on NHC: {took:.0f} s")
     assert res.returncode == 0, res.stdout + res.stderr
     (entry,) = json.loads((out / "report.json").read_text())["experiments"]
@@ -225,7 +214,7 @@ def test_a_silenced_alert_detects_and_an_alert_about_another_node_does_not(
         if posted:  # resolved now: nothing of this test stays firing
             end = _iso(datetime.now(UTC))
             _am(layout, "/api/v2/alerts", [{**a, "endsAt": end} for a in posted], "POST")
-        _reinstall(sandbox, chaos_site)
+        reinstall_plugin(sandbox, chaos_site)
     print(f"\nslow-rank, silenced: {time.monotonic() - t0:.0f} s")
     assert proc.returncode == 0, stdout + stderr
     (entry,) = json.loads((out / "report.json").read_text())["experiments"]

@@ -89,7 +89,13 @@ def test_no_effect_when_nothing_happened() -> None:
 
 
 def test_detection_proves_the_fault_took_even_without_slowdown() -> None:
-    assert judge(FLAT, log(DETECT, ("node_drained", 3.0))).verdict is Verdict.PASSED
+    j = judge(FLAT, log(DETECT, ("node_drained", 3.0)))
+    assert j.verdict is Verdict.PASSED
+    # ... and the reason says the expected slowdown was not measured, not just the numbers.
+    assert j.reason.endswith(
+        "step time +0.1% [-0.9%, +1.1%], not significant: the expected slowdown was not measured"
+    )
+    assert "not measured" not in judge(SLOWED, log(DETECT, ("node_drained", 3.0))).reason
 
 
 def test_inconclusive_when_too_noisy() -> None:

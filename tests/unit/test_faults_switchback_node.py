@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from slurm_chaos.faults.agent import Switched, apply_all
 from slurm_chaos.faults.control import Ack, ChannelClient, ChannelError, ChannelOwner, State
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import MARKER_ENV, JobContext, Switchable, popen_spawner
-from slurm_chaos.faults.node_cpu import HOLD_STOPPED_S, DutyCycle, NoisyLoad, marked
+from slurm_chaos.faults.node_cpu import HOLD_STOPPED_S, DutyCycle, NoisyLoad, _kill_marked, marked
 from slurm_chaos.faults.node_net import QdiscToggle
 from slurm_chaos.faults.spec import parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
@@ -358,6 +359,30 @@ def test_a_switched_off_noisy_neighbour_is_stopped_and_still_killed_by_the_undo(
         result = revert(ctx.journal, UndoContext(ctx.runner), by="test")
     assert "stopped" in result.undone[0]
     assert marked(marker) == []
+
+
+def test_workers_that_write_over_their_environment_are_the_loads_all_the_same(journal_root: Path) -> None:
+    """stress-ng's workers rename themselves over the memory /proc/PID/environ shows: read there,
+    they have no marker, and a switched-off noisy neighbour kept its whole load running (found on
+    the sandbox: in-job effect +1% while the workers ran through every off block). Here the
+    children start with an empty environment (env -i): marked by descent, stopped, killed."""
+    marker = ctx_for(journal_root).marker("noisy-neighbour")
+    shell = popen_spawner(
+        ["sh", "-c", "env -i sleep 60 & env -i sleep 60 & wait"], {MARKER_ENV: marker}, None
+    )
+    try:
+        wait_until(
+            lambda: sorted(node_proc.cmdline(p.pid)[0] for p in marked(marker)) == ["sh", "sleep", "sleep"]
+        )
+        workers = [p for p in marked(marker) if p.pid != shell]
+        assert all(node_proc.environ(p.pid).get(MARKER_ENV) is None for p in workers)
+        for p in workers:
+            node_proc.send(p, signal.SIGSTOP)
+        wait_until(lambda: all(proc_state(p.pid) == "T" for p in workers))
+    finally:
+        result = _kill_marked({"marker": marker}, UndoContext(FakeRunner({})))
+    assert result.startswith("stopped 3 processes"), result
+    assert marked(marker) == [] and not any(node_proc.is_alive(p) for p in workers)
 
 
 @needs_root
