@@ -10,7 +10,8 @@ sizes and at the end):
 - campaign overhead of one experiment (control-aa): wall time beyond the probe's own steps;
 - `cleanup --site` across every node;
 - at 64 nodes: a 16-rank probe job (allreduce mode) confined to one leaf (`--switches=1`), the
-  loss of that leaf (its nodes set DOWN), and the requeued job rescheduled within another leaf.
+  loss of that leaf (every node's link cut, as the campaign's rack-loss does), and the requeued job
+  rescheduled within another leaf.
 
     sudo python bench/bench_scale.py [--sizes 4,16,64] [--name scale] [--json FILE]
 
@@ -33,8 +34,9 @@ from typing import Any
 
 import yaml
 
+from slurm_chaos.campaign.controller import SandboxNodeControl
 from slurm_chaos.campaign.observe import Watcher
-from slurm_chaos.errors import SlurmError
+from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.probe.reader import read_run
 from slurm_chaos.runner import Completed, SubprocessRunner
 from slurm_chaos.sandbox.cluster import Sandbox
@@ -165,8 +167,14 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
     started = time.monotonic() - t0
     time.sleep(5)  # the ranks are training
     (lost,) = first
+    # The leaf is lost as the campaign's rack-loss loses it: every node's link cut at once, so
+    # that Slurm finds them not responding and requeues the job. (`scontrol update State=DOWN`
+    # node by node was no loss: ReturnToService=2 took each node back at once, the requeued job
+    # was launched into the leaf while its last nodes went down, and Slurm held it: "launch
+    # failed requeued held", never to run again.)
+    control = SandboxNodeControl(env["SLURM_CHAOS_SANDBOX"], SubprocessRunner(), slurm)
     for node in leaves[lost]:
-        slurm.mark_down(node, "bench_scale: leaf switch lost")
+        control.lose(node)
     t_lost = time.monotonic()
     again = None
     # Every change of what the controller says of the job, so that a run that never reschedules
@@ -198,9 +206,9 @@ def leaf_loss(env: Mapping[str, str], layout: Any, work: Path) -> dict[str, Any]
     slurm.cancel([job])
     for node in leaves[lost]:
         try:
-            slurm.resume(node)
-        except SlurmError as exc:  # back by itself already (ReturnToService): nothing to resume
-            print(f"bench_scale: resume {node}: {exc}", file=sys.stderr)
+            control.restore(node)  # the link up, and the node resumed if Slurm did not take it back
+        except (ChaosError, SlurmError) as exc:
+            print(f"bench_scale: restore {node}: {exc}", file=sys.stderr)
     return {
         "first_leaf": lost,
         "started_s": started,
