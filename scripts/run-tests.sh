@@ -4,8 +4,16 @@
 # proves nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export SLURM_CHAOS_SANDBOX=${SLURM_CHAOS_SANDBOX:-ci}
 PY=${PYTHON:-python3}
+if [ -z "${SLURM_CHAOS_SANDBOX:-}" ]; then
+  # "ci", unless another test run on this machine holds it (two runs sharing one sandbox see each
+  # other's jobs and take it down under each other): then the first of ci2..ci9 that is free.
+  SLURM_CHAOS_SANDBOX=$("$PY" -c '
+from slurm_chaos.sandbox.layout import Layout
+print(next((n for n in ["ci"] + [f"ci{i}" for i in range(2, 10)] if Layout.load(n) is None), "ci"))')
+  [ "$SLURM_CHAOS_SANDBOX" = ci ] || echo "slurm-chaos: sandbox 'ci' is in use by another run: testing on '$SLURM_CHAOS_SANDBOX'" >&2
+fi
+export SLURM_CHAOS_SANDBOX
 status=0
 trap '"$PY" -m slurm_chaos sandbox down --name "$SLURM_CHAOS_SANDBOX" >/dev/null 2>&1' EXIT
 
