@@ -13,13 +13,12 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from sandbox_cli import cli
 
 from slurm_chaos import plugin_check as pc
 from slurm_chaos.faults.install_hooks import HOOK_NAME
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.sandbox
 
-REPO = Path(__file__).resolve().parents[2]
 CGROUP_ITEMS = {"slurm.conf PrologFlags", "slurm.conf ProctrackType", "slurm.conf TaskPlugin"}
 
 
@@ -42,17 +40,6 @@ def _has_cgroup_plugins(slurm_conf: Path) -> bool:
     """Whether the sandbox runs Slurm's cgroup plugins: until it does, a fresh install is (rightly)
     UNSAFE on ProctrackType, TaskPlugin and PrologFlags."""
     return re.search(r"(?m)^ProctrackType=proctrack/cgroup\s*$", slurm_conf.read_text()) is not None
-
-
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurm_chaos", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=REPO,
-    )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -87,10 +74,10 @@ def test_a_fresh_install_is_clean(sandbox: SandboxHandle, chaos_site: Path) -> N
             "sandbox brought up with SLURM_CHAOS_SANDBOX_CGROUPS=0: its cgroup settings are "
             "reported unsafe (the test above checks that they are the only problems)"
         )
-    done = _cli("plugin", "check", "--site", str(chaos_site), env=sandbox.env)
+    done = cli("plugin", "check", "--site", str(chaos_site), env=sandbox.env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.rstrip().endswith("all OK")
-    done = _cli(
+    done = cli(
         "plugin", "check", "--site", str(chaos_site), "--json", "--nodes", sandbox.nodes[0], env=sandbox.env
     )
     assert done.returncode == 0 and '"ok": true' in done.stdout
