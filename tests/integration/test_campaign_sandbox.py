@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from sandbox_cli import cli
+from sandbox_cli import cli, reinstall_plugin
 
 from slurm_chaos.experiment import load_experiment
 from slurm_chaos.probe.reader import read_run
@@ -312,16 +312,7 @@ def test_weaker_monitoring_reports_a_blind_spot(sandbox, chaos_site: Path, tmp_p
     try:
         res = cli("run", "--site", str(weak), "slow-rank", "--out", str(out), "-q", env=sandbox.env)
     finally:
-        # Put the full health check back for whatever runs next.
-        cli(
-            "plugin",
-            "install",
-            "--site",
-            str(chaos_site),
-            "--prefix",
-            str(sandbox.shared_dir.parent / "prefix"),
-            env=sandbox.env,
-        )
+        reinstall_plugin(sandbox, chaos_site)
     assert res.returncode == 1, res.stderr
     (entry,) = json.loads((out / "report.json").read_text())["experiments"]
     assert entry["verdict"] == "BLIND SPOT", entry["reason"]
