@@ -17,6 +17,7 @@ from slurm_chaos.analysis.busbw import run_busbw
 from slurm_chaos.analysis.model import (
     BETWEEN_RUNS,
     BusbwResult,
+    Comparison,
     ExperimentResult,
     StragglerKind,
     StragglerScore,
@@ -25,7 +26,7 @@ from slurm_chaos.analysis.model import (
 from slurm_chaos.analysis.regression import MIN_EFFECT, JobSeries, compare_series, job_series
 from slurm_chaos.analysis.straggler import STEPS_READ, straggler_scores, stragglers
 from slurm_chaos.analysis.switchback import RankContrast, SwitchbackResult, judge_switchback_run
-from slurm_chaos.analysis.verdict import detections, judge
+from slurm_chaos.analysis.verdict import Judgement, detections, judge
 from slurm_chaos.errors import DataError
 from slurm_chaos.probe.reader import MissingProbeFiles, RunData, read_run
 from slurm_chaos.rundir import (
@@ -221,13 +222,33 @@ def analyse_experiment(
     lost = lost_steps(fault)
     bandwidth = busbw_result(baseline, fault, log.expectation)
     j = judge(comparison, log, lost, load_injections(exp_dir / "fault"), bandwidth)
-    result = ExperimentResult(
+    result = _judged(name, log, fault, j, comparison, stragglers(scores), lost, busbw=bandwidth)
+    return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps, log.expectation)
+
+
+def _judged(
+    name: str,
+    log: ObservationLog,
+    fault: RunData,
+    j: Judgement,
+    comparison: Comparison | None,
+    ranked: tuple[StragglerScore, ...],
+    lost: int,
+    *,
+    design: str = BETWEEN_RUNS,
+    mde: float | None = None,
+    p_adjusted: float | None = None,
+    busbw: BusbwResult | None = None,
+) -> ExperimentResult:
+    """The result of an experiment whose fault job ran: its judgement, the step-time comparison,
+    the stragglers and what the observations say."""
+    return ExperimentResult(
         name=name,
         fault=log.fault,
         verdict=j.verdict,
         reason=j.reason,
         comparison=comparison,
-        stragglers=stragglers(scores),
+        stragglers=ranked,
         detected_by=j.detected_by,
         time_to_detect_s=j.time_to_detect_s,
         time_to_remediate_s=j.time_to_remediate_s,
@@ -236,9 +257,11 @@ def analyse_experiment(
         world_size=fault.world_size,
         observations=log.observations,
         detections=j.detections,
-        busbw=bandwidth,
+        design=design,
+        mde=mde,
+        p_adjusted=p_adjusted,
+        busbw=busbw,
     )
-    return ExperimentAnalysis(result, baseline, fault, b, f, log.fault_window, steps, log.expectation)
 
 
 def busbw_result(baseline: RunData | None, fault: RunData, e: Expectation) -> BusbwResult | None:
@@ -298,25 +321,10 @@ def _switchback_analysis(
     log = replace(log, observations=_merged(log, probe_observations(fault)))
     lost = lost_steps(fault)
     j = judge(comparison, log, lost, load_injections(exp_dir / Role.FAULT))
-    result = ExperimentResult(
-        name=name,
-        fault=log.fault,
-        verdict=j.verdict,
-        reason=j.reason,
-        comparison=comparison,
-        stragglers=switchback_stragglers(sb),
-        detected_by=j.detected_by,
-        time_to_detect_s=j.time_to_detect_s,
-        time_to_remediate_s=j.time_to_remediate_s,
-        lost_steps=lost,
-        crashed=log.crashed,
-        world_size=fault.world_size,
-        observations=log.observations,
-        detections=j.detections,
-        design=SWITCHBACK,
-        mde=sb.mde,
-        p_adjusted=sb.p_adjusted,
-    )
+    result = _judged(
+        name, log, fault, j, comparison, switchback_stragglers(sb), lost,
+        design=SWITCHBACK, mde=sb.mde, p_adjusted=sb.p_adjusted,
+    )  # fmt: skip
     own_off = JobSeries(f.step_time[off], f.t_start[off])
     return ExperimentAnalysis(
         result, None, fault, own_off, f, log.fault_window, states == ON, log.expectation, sb
