@@ -10,7 +10,8 @@ Nothing is run on a cluster: this only re-reads recorded runs.
 
 For every variant of the in-job statistic (the first row is what ``slurm_chaos.analysis.switchback``
 ships: per step the minimum over ranks of the step time, per block the lower decile of the log step
-times and the clipped mean, each tested at alpha / 2, p twice the smaller; the second row what it
+times and the clipped mean, the quieter tested at 0.8 alpha and the other at 0.2, p the smaller
+p / share; the second row what it
 shipped before: the maximum over ranks, the block mean clipped at the median +- 3 scaled MADs;
 both log, pairs corrected for the slope between neighbouring pairs, a randomisation test over the
 pairs' coins at alpha 0.01) and of the schedule (blocks of 10-15 steps, 1 transition step
@@ -91,6 +92,7 @@ from slurm_chaos.analysis.straggler import compute_matrix
 from slurm_chaos.analysis.switchback import (
     _block_stats,
     _remove_local_trend,
+    alpha_shares,
     minimum_detectable,
     randomisation_mde,
     randomisation_test,
@@ -127,7 +129,7 @@ class Variant:
     quantity: str = "step"  # "step": step time; "compute": the ranks' compute time
     reduce: str = "max"  # over ranks, per step: max, median, min
     #: per block: clipped mean, median, qNN (NNth percentile of the logs: q25 lower quartile); several
-    #: joined by "+" are judged together, each at alpha / their number (Bonferroni, as shipped)
+    #: joined by "+" are judged together, each at its share of alpha (weighted Bonferroni, as shipped)
     block: str = "clipped"
     trend: str = "slope"  # slope (today), none, second (block minus its neighbours' mean)
     min_block: int = 10
@@ -315,29 +317,39 @@ def slow_rank(run: Run, on: BoolArray, effect: float) -> tuple[FloatArray, Float
     return step, compute
 
 
+def shares_of(stats: FloatArray, branches: int) -> FloatArray:
+    """Each branch's share of alpha per series (branches x series), as the library weighs them
+    (:func:`slurm_chaos.analysis.switchback.alpha_shares`: the quieter statistic gets most)."""
+    rows = stats.shape[0] // branches
+    return np.array([alpha_shares(stats[r::rows][:branches]) for r in range(rows)]).T
+
+
 def combined(
     stats: FloatArray, branches: int, z: FloatArray, n_draws: int, seed: int, alpha: float
 ) -> tuple[FloatArray, FloatArray]:
     """(estimate, p-value) per series of ``branches`` statistics stacked in ``stats`` (branch-major
-    rows), each tested at alpha / branches: p is branches x the smallest p (Bonferroni, as the
-    library combines them), the estimate the sign-deciding one of the branch with the smallest p."""
+    rows), each tested at its share of alpha: p is the smallest p / share (weighted Bonferroni, as
+    the library combines them), the estimate the sign-deciding one of the branch that gives it."""
     rows = stats.shape[0] // branches
     tests = [test(stats[b * rows : (b + 1) * rows], z, n_draws, seed, alpha) for b in range(branches)]
-    p = np.vstack([t.p_value for t in tests])
-    first = np.argmin(p, axis=0)
+    scaled = np.vstack([t.p_value for t in tests]) / shares_of(stats, branches)
+    first = np.argmin(scaled, axis=0)
     estimate = np.vstack([t.estimate for t in tests])[first, np.arange(rows)]
-    return estimate, np.minimum(1.0, branches * p.min(axis=0))
+    return estimate, np.minimum(1.0, scaled.min(axis=0))
 
 
 def reported_mde(stats: FloatArray, branches: int, z: FloatArray, seed: int, alpha: float) -> float:
     """The library's reported mde for the first series of each branch: from the randomisation
-    distribution, each branch at alpha / branches, the smallest."""
+    distribution, each branch at its share of alpha, the smallest."""
     rows = stats.shape[0] // branches
     first = stats[0::rows][:branches]
     pairs = len(z) // 2
     assignment = z.astype(np.int64)
-    level = alpha / branches
-    tests = randomisation_test(first, assignment, reassignments(pairs, assignment, seed), level)
+    draws = reassignments(pairs, assignment, seed)
+    tests = [
+        randomisation_test(first[b : b + 1], assignment, draws, alpha * share)[0]
+        for b, share in enumerate(alpha_shares(first))
+    ]
     return min(randomisation_mde(t.spread, t.critical, pairs) for t in tests)
 
 

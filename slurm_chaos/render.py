@@ -79,7 +79,7 @@ def check_limits(site: Site, experiment: Experiment) -> None:
     if experiment.is_switchback and steps < SWITCHBACK_MIN_STEPS:
         raise UsageError(
             f"experiment {experiment.name}: design switchback needs at least {SWITCHBACK_MIN_STEPS} "
-            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)} "
+            f"steps ({WARMUP_STEPS} warm-up, then {min_pairs(SWITCHBACK_ALPHA * SWITCHBACK_QUIET_SHARE)} "
             f"on/off pairs of blocks of up to {MAX_BLOCK} steps), it has {steps}"
         )
     unknown = unknown_features(experiment.constraint or "", site.features)
@@ -103,10 +103,10 @@ def unknown_features(constraint: str, features: Mapping[str, object]) -> list[st
 
 #: The level of the switchback test (slurm_chaos.analysis.switchback.ALPHA, not imported here: scipy).
 SWITCHBACK_ALPHA = 0.01
-#: Its statistics, each tested at alpha / their number (len(switchback.BRANCHES)).
-SWITCHBACK_STATISTICS = 2
+#: The share of alpha its quieter statistic is tested at (switchback.QUIET_SHARE).
+SWITCHBACK_QUIET_SHARE = 0.8
 #: Fewest steps that hold enough on/off pairs for the switchback test to reach p < alpha at all.
-SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA / SWITCHBACK_STATISTICS)
+SWITCHBACK_MIN_STEPS = WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(SWITCHBACK_ALPHA * SWITCHBACK_QUIET_SHARE)
 #: A switchback job's steps unless the experiment sets its own: some 39 on/off pairs of 10-15-step
 #: blocks after the warm-up. On the sandbox's real noise (recorded on a loaded machine) the test
 #: detects 9.5% with 80% power at 1,000 steps (6.3% at 2,000, 13% at 500;

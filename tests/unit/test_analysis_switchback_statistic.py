@@ -15,8 +15,10 @@ from scipy import stats as sps
 from slurm_chaos.analysis.switchback import (
     ALPHA,
     BRANCHES,
+    QUIET_SHARE,
     Effect,
     _block_quantile,
+    alpha_shares,
     judge_switchback,
     randomisation_test,
     reassignments,
@@ -72,8 +74,8 @@ def test_the_block_quantile_is_numpys() -> None:
 )
 def test_the_combined_test_is_coherent(seed: int, steps: int, sd: float, effect: float, stall: float) -> None:
     """p < alpha exactly when 0 lies outside the CI, for every mix of a uniform slowdown and stalls
-    (where the two statistics disagree and their CIs may not meet); the p-value is Bonferroni's
-    over the statistics, each tested at alpha / 2."""
+    (where the two statistics disagree and their CIs may not meet); the p-value is the weighted
+    Bonferroni one over the statistics, each tested at its share of alpha (QUIET_SHARE for one)."""
     rng = np.random.default_rng(seed)
     schedule = switchback_schedule(steps, seed)
     on = schedule.fault_active(steps)
@@ -86,7 +88,8 @@ def test_the_combined_test_is_coherent(seed: int, steps: int, sd: float, effect:
     assert (r.p_value < ALPHA) == (not r.ci_low <= 0.0 <= r.ci_high) == r.significant
     assert r.ci_low <= r.regression <= r.ci_high
     assert [b.name for b in r.branches] == list(BRANCHES)
-    assert r.p_value == min(1.0, 2 * min(b.p_value for b in r.branches))
+    assert sorted(b.share for b in r.branches) == pytest.approx([1 - QUIET_SHARE, QUIET_SHARE])
+    assert r.p_value == min(1.0, min(b.p_value / b.share for b in r.branches))
     if r.consistent:
         assert r.ci_low == max(b.ci_low for b in r.branches)
         assert r.ci_high == min(b.ci_high for b in r.branches)
@@ -152,14 +155,56 @@ def test_sparse_stalls_are_still_detected_by_the_mean() -> None:
         r = judge_switchback(x, schedule)
         decile, mean = r.branches
         assert abs(decile.estimate) < 0.05
-        detected += mean.p_value < ALPHA / 2 and r.significant and r.effect is Effect.SLOWDOWN
+        detected += mean.p_value < ALPHA * mean.share and r.significant and r.effect is Effect.SLOWDOWN
     assert detected >= 9
 
 
-def test_render_counts_the_statistics_the_analysis_tests() -> None:
-    """render refuses a switchback job too short for the test at alpha / the statistics' number."""
-    from slurm_chaos.render import SWITCHBACK_ALPHA, SWITCHBACK_MIN_STEPS, SWITCHBACK_STATISTICS
+def test_render_counts_the_level_the_analysis_tests_at() -> None:
+    """render refuses a switchback job too short for the test at the quieter statistic's level."""
+    from slurm_chaos.render import SWITCHBACK_ALPHA, SWITCHBACK_MIN_STEPS, SWITCHBACK_QUIET_SHARE
     from slurm_chaos.schedule import MAX_BLOCK, WARMUP_STEPS, min_pairs
 
-    assert SWITCHBACK_STATISTICS == len(BRANCHES) and SWITCHBACK_ALPHA == ALPHA
-    assert SWITCHBACK_MIN_STEPS == WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(ALPHA / len(BRANCHES))
+    assert SWITCHBACK_QUIET_SHARE == QUIET_SHARE and SWITCHBACK_ALPHA == ALPHA
+    assert SWITCHBACK_MIN_STEPS == WARMUP_STEPS + 2 * MAX_BLOCK * min_pairs(ALPHA * QUIET_SHARE)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(3, 20), st.floats(-0.5, 0.5))
+def test_the_shares_of_alpha_are_the_same_under_every_assignment_and_effect(
+    seed: int, pairs: int, theta: float
+) -> None:
+    """The shares are read off the pairs' levels, which no re-assignment (a swap within a pair)
+    and no hypothesised effect (added to the on blocks) changes: the weighted test stays exact."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.standard_normal((2, 2 * pairs)) * np.array([[0.5], [1.5]])[rng.permutation(2)]
+    assignment = rng.integers(0, 2, pairs)
+    on = np.empty(2 * pairs)
+    on[0::2], on[1::2] = assignment, 1 - assignment
+    shares = alpha_shares(blocks)
+    assert sorted(shares) == pytest.approx([1 - QUIET_SHARE, QUIET_SHARE])
+    swapped = blocks.copy()
+    flip = rng.integers(0, 2, pairs).astype(bool)
+    swapped[:, 0::2][:, flip], swapped[:, 1::2][:, flip] = blocks[:, 1::2][:, flip], blocks[:, 0::2][:, flip]
+    assert alpha_shares(swapped) == shares
+    assert alpha_shares(blocks - theta * on) == shares
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_weighted_test_rejects_at_most_alpha_of_the_assignments(seed: int) -> None:
+    """Exactness, counted: for fixed data, of all 2^pairs assignments the schedule could have drawn,
+    the weighted Bonferroni test over both statistics rejects at most alpha of them (each statistic
+    at most its share, and the shares are the same for every assignment)."""
+    rng = np.random.default_rng(seed)
+    pairs, alpha = 10, 0.05
+    noise = rng.standard_t(3, (1, 2 * pairs))
+    blocks = np.vstack([noise[0] + 0.3 * rng.standard_normal(2 * pairs), noise[0]])  # correlated
+    draws = reassignments(pairs, all_pair_assignments(pairs)[0], 0)
+    shares = alpha_shares(blocks)
+    rejected = 0
+    for assignment in all_pair_assignments(pairs):
+        tests = [
+            randomisation_test(blocks[k : k + 1], assignment, draws, alpha * share)[0]
+            for k, share in enumerate(shares)
+        ]
+        rejected += any(t.p_value < alpha * share for t, share in zip(tests, shares, strict=True))
+    assert 0 < rejected <= alpha * 2**pairs

@@ -112,7 +112,7 @@ def test_a_dry_run_of_a_switchback_experiment_writes_its_schedule_and_no_baselin
 def test_a_switchback_experiment_too_short_for_the_test_is_refused(tmp_path: Path) -> None:
     site = load_site(DATA / "sites" / "golden.yaml")
     short = replace(load_experiment(str(SWITCHBACK)), steps=200)
-    with pytest.raises(UsageError, match="design switchback needs at least 300 steps"):
+    with pytest.raises(UsageError, match="design switchback needs at least 270 steps"):
         render_experiment(site, short, tmp_path / "out", "r1")
     assert not (tmp_path / "out").exists()
 
