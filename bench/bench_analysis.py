@@ -10,6 +10,10 @@ the probe reader and analyses them, each time in a fresh process so that its pea
 the old path (schema 1 files, every dataset) and the new one (schema 2, only the datasets the
 analysis reads), alternated ``--reps`` times, and the mixed two. It reports the medians, the ratio
 new/old, and the new path's end-to-end time and peak RSS.
+
+Measured on 2026-12-05 (2-core machine, --from-files, median of 3): 1,024 x 10,000 from HDF5 in
+**3.18 s** end to end with a peak RSS of **1.11 GiB** (goal: 5 s, 2 GiB); the old path 6.86 s and
+1.57 GiB (new/old 0.46x end to end, reading 0.32x); the analysis in memory 1.06 s.
 """
 
 from __future__ import annotations
