@@ -152,7 +152,7 @@ class Branch:
     ci_high: float
     p_value: float
     mde: float
-    share: float = 0.5
+    share: float
 
 
 @dataclass(frozen=True)
@@ -635,9 +635,9 @@ def alpha_shares(blocks: FloatArray) -> tuple[float, ...]:
     decile the sandbox's long steps; the other statistic still sees what only it can (stalls).
     """
     n = int(blocks.shape[0])
-    level = 0.5 * (blocks[:, 0::2] + blocks[:, 1::2])
     if n < 2:
         return (1.0,) * n
+    level = 0.5 * (blocks[:, 0::2] + blocks[:, 1::2])
     if level.shape[1] < 3:
         return (1.0 / n,) * n
     second = level[:, 2:] - 2.0 * level[:, 1:-1] + level[:, :-2]
