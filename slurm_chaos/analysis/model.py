@@ -24,6 +24,7 @@ class Verdict(StrEnum):
     NOT_RECOVERED = "NOT RECOVERED"
     NO_EFFECT = "NO EFFECT"
     INCONCLUSIVE = "INCONCLUSIVE"
+    FALSE_ALARM = "FALSE ALARM"
 
 
 @dataclass(frozen=True)

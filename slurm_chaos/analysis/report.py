@@ -213,6 +213,7 @@ _JUNIT_OUTCOME = {
     Verdict.PASSED: None,
     Verdict.BLIND_SPOT: "failure",
     Verdict.NOT_RECOVERED: "failure",
+    Verdict.FALSE_ALARM: "failure",
     Verdict.NO_EFFECT: "error",
     Verdict.INCONCLUSIVE: "skipped",
 }
@@ -242,8 +243,9 @@ def _junit_case(suite: ET.Element, a: ExperimentAnalysis, classname: str) -> Non
 
 
 def render_junit(report: RunReport) -> str:
-    """One testcase per experiment: PASSED passes, BLIND SPOT and NOT RECOVERED are failures whose
-    type is the verdict, NO EFFECT an error, INCONCLUSIVE skipped (its reason the message)."""
+    """One testcase per experiment: PASSED passes, BLIND SPOT, NOT RECOVERED and FALSE ALARM are
+    failures whose type is the verdict, NO EFFECT an error, INCONCLUSIVE skipped (its reason the
+    message)."""
     m = report.manifest
     counts = _junit_counts(report.results)
     root = ET.Element("testsuites", {"name": "slurm-chaos", **counts})
@@ -265,7 +267,7 @@ table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em}th{background:#f3f3f3}
 .v{font-weight:bold;padding:.1em .5em;border-radius:.3em;color:#fff;white-space:nowrap}
 .PASSED{background:#2e7d32}.BLIND_SPOT{background:#c62828}.NOT_RECOVERED{background:#6a1b9a}
-.NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}
+.NO_EFFECT{background:#ef6c00}.INCONCLUSIVE{background:#546e7a}.FALSE_ALARM{background:#ad1457}
 section{margin-top:2em;border-top:2px solid #ddd}
 .plots svg{max-width:100%;height:auto}.note{color:#555;font-size:.9em}
 td.cell{white-space:nowrap;text-align:center}td.num{white-space:nowrap}.cell.fired{background:#c8e6c9}

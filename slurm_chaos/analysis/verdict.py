@@ -3,6 +3,9 @@
 Order of the checks (the first that applies wins):
 
 1. training crashed, or lost more steps than allowed -> NOT RECOVERED;
+   nothing was injected (an A/A control: no SPEC), nothing was expected, and monitoring reported a
+   detection all the same (a drain, an alert, a site detector) -> FALSE ALARM: it would have woken
+   someone, or drained a node, for a healthy job;
    the fault's injection took on no node (its node-side records say what was missing: no GPU,
    no NVML, no DCGM host engine, or a read-back that did not show it) -> NO EFFECT: there was
    nothing for monitoring to see, so silence is no blind spot;
@@ -176,6 +179,12 @@ def judge(
         return verdict(Verdict.NOT_RECOVERED, "training crashed and did not finish")
     if e.max_lost_steps is not None and lost_steps > e.max_lost_steps:
         return verdict(Verdict.NOT_RECOVERED, f"lost {lost_steps} steps, at most {e.max_lost_steps} allowed")
+    if hit is not None and not log.fault and not e.detect_signals and not e.expect_regression:
+        return verdict(
+            Verdict.FALSE_ALARM,
+            f"nothing was injected, yet {detected_by} after {ttd:.0f} s"
+            + (f" ({hit.detail})" if hit.detail else ""),
+        )
     nothing = not_injected(injections, log.fault)
     if nothing:
         return verdict(Verdict.NO_EFFECT, nothing)

@@ -115,7 +115,7 @@ def test_junit_validates_against_the_schema(run_dir: Path, outputs: dict[str, tu
 
 
 def test_junit_maps_every_verdict_to_its_outcome(run_dir: Path) -> None:
-    """PASSED passes; BLIND SPOT and NOT RECOVERED fail; NO EFFECT is an error of the test (the
+    """PASSED passes; BLIND SPOT, NOT RECOVERED and FALSE ALARM fail; NO EFFECT is an error of the test (the
     injection is suspect); INCONCLUSIVE is skipped with its reason; every count matches."""
     xmlschema = pytest.importorskip("xmlschema")
     schema = xmlschema.XMLSchema(str(XSD))
@@ -129,7 +129,7 @@ def test_junit_maps_every_verdict_to_its_outcome(run_dir: Path) -> None:
     schema.validate(text)
     doc = schema.to_dict(text)
     suite = doc["testsuite"][0]
-    counts = {"@tests": "5", "@failures": "2", "@errors": "1", "@skipped": "1"}
+    counts = {"@tests": "6", "@failures": "3", "@errors": "1", "@skipped": "1"}
     assert {k: suite[k] for k in counts} == counts and {k: doc[k] for k in counts} == counts
     cases = {c["@name"]: c for c in suite["testcase"]}
     outcomes = {name: sorted(set(c) & {"failure", "error", "skipped"}) for name, c in cases.items()}
@@ -137,6 +137,7 @@ def test_junit_maps_every_verdict_to_its_outcome(run_dir: Path) -> None:
         "passed": [],
         "blind_spot": ["failure"],
         "not_recovered": ["failure"],
+        "false_alarm": ["failure"],
         "no_effect": ["error"],
         "inconclusive": ["skipped"],
     }

@@ -147,6 +147,31 @@ def test_aa_experiment_passes() -> None:
     assert judge(FLAT, log(Expectation(expect_regression=False))).verdict is Verdict.PASSED
 
 
+def test_a_control_that_draws_a_detection_is_a_false_alarm() -> None:
+    """Nothing injected and nothing expected: a drain, an alert or a detector is monitoring crying
+    wolf, a finding (exit 1, a JUnit failure), not a PASSED detection."""
+    control = Expectation(expect_regression=False)
+    drained = ObservationLog(
+        FaultWindow(T0, None),
+        (Observation("healthcheck_drain", T0 + 4.0, "node1: straggler: job 11 rank 0"),),
+        control,
+    )
+    j = judge(FLAT, drained)
+    assert j.verdict is Verdict.FALSE_ALARM
+    assert j.reason == (
+        "nothing was injected, yet healthcheck_drain after 4 s (node1: straggler: job 11 rank 0)"
+    )
+    assert judge(SLOWED, log(control, ("alert_firing:Any", 5.0))).verdict is Verdict.FALSE_ALARM
+    # A signal from before the job's start is not the job's.
+    assert judge(FLAT, log(control, ("node_drained", -30.0))).verdict is Verdict.PASSED
+    # A probe event is not monitoring; a fault (any SPEC) is expected to be seen.
+    assert judge(FLAT, log(control, ("gpu_xid", 2.0))).verdict is Verdict.PASSED
+    faulted = replace(drained, fault="slow-rank:rank=1,percent=10")
+    assert judge(FLAT, faulted).verdict is Verdict.PASSED
+    # A crashed control is NOT RECOVERED first.
+    assert judge(FLAT, replace(drained, crashed=True)).verdict is Verdict.NOT_RECOVERED
+
+
 def test_expected_signal_without_slowdown_missing_is_a_blind_spot() -> None:
     xid = Expectation(expect_regression=False, detect_signals=("gpu_xid",), detect_within_s=30.0)
     assert judge(FLAT, log(xid)).verdict is Verdict.BLIND_SPOT
@@ -160,6 +185,7 @@ def test_verdict_values_are_the_printed_words() -> None:
         "NOT RECOVERED",
         "NO EFFECT",
         "INCONCLUSIVE",
+        "FALSE ALARM",
     ]
 
 

@@ -32,7 +32,9 @@ class Clock:
 
 def test_update_writes_at_most_once_per_interval_with_window_means(tmp_path: Path) -> None:
     clock = Clock()
-    hb = Heartbeat(tmp_path, "42", 1, "node2", world_size=4, mode="allreduce", window=3, clock=clock)
+    hb = Heartbeat(
+        tmp_path, "42", 1, "node2", world_size=4, mode="allreduce", window=3, clock=clock, window_s=0.0
+    )
     assert hb.update(0, 0.10, 0.08, 0.02)
     assert not hb.update(1, 0.20, 0.16, 0.04)  # within the same second: not written
     clock.now += 1.0
@@ -51,6 +53,40 @@ def test_update_writes_at_most_once_per_interval_with_window_means(tmp_path: Pat
     hb.update(3, 1.0, 1.0, 0.0)
     (beat,) = read_heartbeats(tmp_path)
     assert beat.step_time == pytest.approx((0.2 + 0.3 + 1.0) / 3)
+
+
+def test_the_window_spans_seconds_not_only_steps(tmp_path: Path) -> None:
+    """At 10 ms a step, 20 steps are 0.2 s: one burst of the node's other work. The window keeps
+    the last window_s seconds' steps (never fewer than `window`), so a burst is diluted and a
+    lasting slowdown is not."""
+    clock = Clock()
+    hb = Heartbeat(tmp_path, "42", 0, "node1", window=20, window_s=3.0, clock=clock)
+    step = 0
+
+    def run(seconds: float, compute: float) -> None:
+        nonlocal step
+        for _ in range(round(seconds / 0.01)):
+            clock.now += 0.01
+            hb.update(step, compute, compute, 0.0)
+            step += 1
+
+    run(4.0, 0.010)
+    run(0.2, 0.030)  # a 0.2 s burst: 3x slower steps
+    run(0.95, 0.010)  # the next heartbeat (once a second) comes after it
+    (beat,) = read_heartbeats(tmp_path)
+    assert 280 <= beat.window <= 301  # the last 3 s of steps, not 20
+    assert beat.compute_time == pytest.approx(0.010 * (1 + 2 * 20 / beat.window), rel=0.05)
+    assert beat.compute_time < 0.0115  # 1.15x at most: below any straggler ratio
+    run(4.0, 0.030)  # a lasting slowdown shows in full
+    (beat,) = read_heartbeats(tmp_path)
+    assert beat.compute_time == pytest.approx(0.030)
+    # Slow steps: 20 of them, however long that takes.
+    slow = Heartbeat(tmp_path, "43", 0, "node1", window=20, window_s=3.0, clock=clock)
+    for i in range(30):
+        clock.now += 1.0
+        slow.update(i, float(i), float(i), 0.0)
+    beat = next(b for b in read_heartbeats(tmp_path) if b.job_id == "43")
+    assert beat.window == 20 and beat.compute_time == pytest.approx(sum(range(10, 30)) / 20)
 
 
 def test_gpu_index_is_written_where_known_and_read_back(tmp_path: Path) -> None:
