@@ -15,6 +15,14 @@ is its own slurm-chaos run (``slurm-chaos run``), one after the other; nothing i
 Acceptance (#11): at 10% at least 19 of 20 significant with rank 1 named; at 5% at least 16 of 20;
 at most 3 significant of 100 placebo runs; the reported mde at most 5%.
 
+Measured on the 2-core machine (2026-12-05, ce10ad9, the sandbox's 4 nodes sharing both cores): with
+the default 4 ranks, 0 of 9 runs at 10% were significant (median effect +2.4%, median mde 24%, 60 s
+a run), because 4 compute-bound ranks time-share 2 cores: the time rank 1 is stopped goes to the
+other ranks, so the job loses far less than 10%, and per-step CV is ~60% (step 36 ms: 17 ms of
+compute, the rest waiting for the rank whose core is busy). With ``--ranks 2`` (one rank a core):
+at 10% 4 of 4 significant (effect +12.3%, mde 10.0%), at 5% 3 of 4 (+5.5%, mde 6.2%), 0 of 4
+placebos (mde 8.3%), 20 s a run. The acceptance needs at least one core per rank.
+
 ``--model-size`` runs every set once per probe model size (the site file copied with
 ``probe.model_size`` set), so the sizes' noise is measured side by side in one run.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -134,6 +143,13 @@ def main() -> None:
     parser.add_argument("--model-size", nargs="*", default=[], help="probe model sizes to compare")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    if args.ranks > cores:
+        print(
+            f"warning: {args.ranks} ranks on {cores} CPU(s): the ranks time-share cores, so the time a "
+            "slowed rank loses goes to the others and the job slows by much less than --percent",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
