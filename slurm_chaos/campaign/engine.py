@@ -22,6 +22,7 @@ fakes in unit tests. The time spent in each stage goes to the manifest's `timing
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -65,6 +66,7 @@ from slurm_chaos.rundir import (
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState
+from slurm_chaos.slurm.parse import parse_time_limit
 
 log = logging.getLogger(__name__)
 
@@ -307,14 +309,6 @@ def _updated(job: SubmittedJob, info: JobInfo, now: float) -> SubmittedJob:
     )
 
 
-def _limit_s(text: str) -> float:
-    days, _, hms = text.rpartition("-")
-    parts = [int(p) for p in hms.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
 def _due(camp: Campaign, fault: TimedFault, job: SubmittedJob, job_dir: Path | None) -> bool:
     if job.started is None:
         return False
@@ -345,13 +339,20 @@ def watch(
     pending = list(faults)
     injections: list[Injection] = []
     released = hold is None or job_dir is None
-    limit = _limit_s(camp.site.slurm.time_limit) + JOB_GRACE_S
+    # Slurm's own limit plus grace: the campaign never cancels a job Slurm would still run.
+    job_limit = parse_time_limit(camp.site.slurm.time_limit)
+    limit = math.inf if job_limit is None else job_limit + JOB_GRACE_S
+    # Slurm's limit runs from each start (a requeued job gets it afresh); before the first start,
+    # from now (a job that never starts is cancelled as stuck, holding no node).
     t0 = camp.clock.monotonic()
     backoff = Backoff()
     last: tuple[object, ...] = ()
     while True:
         info = watcher.tick() if watcher else camp.scheduler.poll([job.job_id]).get(job.job_id)
         if info is not None:
+            started_again = job.state != JobState.RUNNING or info.restarts != job.restarts
+            if info.state == JobState.RUNNING and started_again:
+                t0 = camp.clock.monotonic()
             job = _updated(job, info, camp.clock.time())
             camp.manifest.put_job(job)
             camp.progress.job(title, job.job_id, info.state, job.started)
@@ -384,7 +385,10 @@ def watch(
                 last = now
         if camp.clock.monotonic() - t0 > limit:
             camp.scheduler.cancel([job.job_id])
-            raise ChaosError(f"job {job.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
+            raise ChaosError(
+                f"job {job.job_id} ({title}) did not finish within {limit:.0f} s (the site's "
+                f"slurm.time_limit {camp.site.slurm.time_limit!r} plus {JOB_GRACE_S:.0f} s); cancelled"
+            )
         if pending and (job.started is None or pending[0].at_step is not None):
             # A fault falls due so long after the job starts, or at a step: see either soon.
             backoff.reset()
