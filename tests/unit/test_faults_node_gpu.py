@@ -192,6 +192,33 @@ def test_gpu_burn_runs_on_the_jobs_gpus_only(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ GPU numbering (Slurm -> bus -> NVML/DCGM)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[N/A]",
+        "N/A",
+        "[Not Supported]",
+        "[Unknown Error]",
+        "[Requested functionality has been deprecated]",
+        "",
+    ],
+)
+def test_a_cell_nvidia_smi_does_not_report_is_none(text: str) -> None:
+    assert nvsmi.cell(text) is None and nvsmi.number(text) is None and nvsmi.bitmask(text) is None
+    (row,) = nvsmi.parse_query(f"index, pci.bus_id, power.draw [W]\n0, 00000000:3B:00.0, {text}\n")
+    assert row == {"index": "0", "pci.bus_id": "00000000:3B:00.0", "power.draw": None}
+
+
+def test_units_and_nounits_read_alike() -> None:
+    assert nvsmi.number("69.85 W") == nvsmi.number("69.85") == 69.85
+    assert nvsmi.number("200740215 us") == 200740215 and nvsmi.number("0 %") == 0
+    assert nvsmi.bitmask("0x0000000000000041") == 0x41 and nvsmi.number("0x41") is None
+    fields = ["index", "pci.bus_id"]
+    assert nvsmi.parse_query("0, 00000000:3B:00.0\n", fields) == (
+        {"index": "0", "pci.bus_id": "00000000:3B:00.0"},
+    )
+
+
 def test_the_layouts_numberings_all_differ() -> None:
     """The recorded layout is one where Slurm's number, NVML's index and DCGM's id disagree."""
     dcgm_ids = {nvsmi.bus_id(b): i for b, i in LAYOUT_DCGM.items()}
