@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from gpu_captures import dcgm_discovery, driver_layout, load, multiply, needs_captures, project
 
+from slurm_chaos.analysis.verdict import not_injected
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults import injection, node_gpu
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
@@ -486,6 +487,10 @@ def test_a_clock_lock_is_read_back_under_the_jobs_load(
     controller.tick(later + 10 * node_gpu.CLOCK_READ_EVERY_S)
     controller.stop()
     assert len(node.runner.calls) == calls  # decided once: no more readings
+    # The job's collect step copies the record; the verdict reads NO EFFECT where the lock did not take.
+    injection.collect(ctx.journal.root, ctx.node, ctx.job_id, tmp_path / "fault")
+    nothing = not_injected(load_injections(tmp_path / "fault"), f"gpu-throttle:clock={lock}")
+    assert (nothing == "") is took and ("the lock did not take" in nothing) is not took
 
 
 def test_the_job_step_copies_the_record_into_the_job_directory(tmp_path: Path) -> None:
