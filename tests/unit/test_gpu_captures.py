@@ -7,7 +7,10 @@ reads ``[N/A]`` as 0 or mistakes one bus-id form for another fails here.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from gpu_captures import MACHINES, Capture, driver_layout, load, needs_captures
@@ -18,6 +21,7 @@ from slurm_chaos.observe.checks import parse_kmsg
 from slurm_chaos.probe.telemetry import sysfs_bus_id
 
 pytestmark = needs_captures
+TESTS = Path(__file__).resolve().parents[1]
 PHASES = ("idle", "load")
 QUERY = "nvidia-smi --query-gpu="
 
@@ -144,3 +148,48 @@ def test_the_driver_and_nvml_name_the_captured_gpu_alike(capture: Capture, tmp_p
     assert driver is not None
     where = numbering.address(0, driver, nvsmi.readings(capture.output("load", QUERY)))
     assert (where.bus_id, where.nvml) == (bus, 0)
+
+
+# ---------------------------------------------------------------- check_gpu.sh's fault checks, on a stand-in
+
+
+def _gpu_faults() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_faults", TESTS / "gpu" / "gpu_faults.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("machine", ["h100", "h100-mig"])
+def test_check_gpu_parsers_and_power_cap_on_a_captured_machine(
+    machine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check_gpu.sh's checks through a stand-in nvidia-smi that answers as the capture did: the
+    parsers see one GPU numbered alike everywhere; the power cap is applied, read back and undone
+    through real subprocesses; a MIG machine is skipped, saying why."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").symlink_to(TESTS / "gpu" / "fake_nvidia_smi.py")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_CAPTURE", machine)
+    monkeypatch.setenv("FAKE_SMI_STATE", str(tmp_path / "smi.json"))
+    monkeypatch.setattr(node_gpu, "PROC_GPUS", driver_layout(tmp_path / "gpus", {"0000:00:09.0": 0}))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    checks = _gpu_faults()
+    assert checks.run("parsers", tmp_path) == 0
+    mig = 4 if machine == "h100-mig" else 0
+    assert (
+        f"CHECK parsers: PASS 1 GPUs (-L), 1 (--query-gpu), 1 (driver), {mig} MIG devices; "
+        "Slurm->bus->NVML 0->0000:00:09.0->0; NUMA {0: 0}"
+    ) in capsys.readouterr().out
+    rc = checks.run("power-cap", tmp_path / "journal")
+    out = capsys.readouterr().out
+    if machine == "h100-mig":
+        assert rc == 77 and out.startswith("CHECK power-cap: SKIP every GPU is in MIG mode")
+        return
+    assert rc == 0, out
+    assert out.startswith("CHECK power-cap: PASS GPU 0 cap 450 W: gpu-throttle on gpucheck")
+    assert "read back 450 W; limit 700.0 W before, 700.0 W after the undo" in out
+    calls = (tmp_path / "smi.json.calls").read_text().splitlines()
+    assert ["-i 0 -pl 450", "-i 0 -pl 700"] == [c for c in calls if "-pl" in c]
