@@ -249,9 +249,10 @@ def recorded(fn: ApplyFn) -> ApplyFn:
 def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), choice(req, "method", XidMethod)
     if method in (XidMethod.KMSG, XidMethod.BOTH):
-        refuse_mig(req.name, node_readings(ctx.runner))
-        try:
-            bus = xid_bus_id(gpu)
+        gpus = node_readings(ctx.runner)
+        refuse_mig(req.name, gpus)
+        try:  # where NVML shows GPUs, the driver must name the job's: no made-up bus id then
+            bus = nvsmi.nvrm_bus_id(locate(req.name, gpu).bus_id) if gpus else xid_bus_id(gpu)
         except numbering.NumberingError as exc:
             raise ChaosError(f"{req.name}: {exc}") from exc
         line = xid_line(bus, xid, ctx.node, ctx.job_id)

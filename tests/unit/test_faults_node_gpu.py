@@ -76,6 +76,24 @@ def test_kmsg_xid_is_written_and_journalled(tmp_path: Path, monkeypatch: pytest.
     assert entry.undo.action == "none"
 
 
+@needs_captures
+def test_kmsg_xid_names_slurms_gpu_by_the_drivers_bus_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm's GPU 1 is minor 1 at bus 18 (NVML's index 0); where NVML shows GPUs but the driver's
+    table is missing, no bus id is made up: refused."""
+    kmsg = tmp_path / "kmsg"
+    monkeypatch.setattr(node_gpu, "KMSG", kmsg)
+    node = FakeNode(tmp_path, monkeypatch, "h100")
+    node_gpu.apply_gpu_xid(parse_spec("gpu-xid:xid=79,gpu=1")[0], ctx_for(tmp_path, node.runner))
+    assert kmsg.read_text().startswith("<3>NVRM: Xid (PCI:0000:18:00): 79, ")
+    kmsg.unlink()
+    monkeypatch.setattr(node_gpu, "PROC_GPUS", tmp_path / "no-driver", raising=False)
+    with pytest.raises(ChaosError, match="no NVIDIA driver on this node"):
+        node_gpu.apply_gpu_xid(parse_spec("gpu-xid:xid=79,gpu=1")[0], ctx_for(tmp_path / "b", node.runner))
+    assert not kmsg.exists()
+
+
 def test_without_dcgm_nothing_is_injected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(node_gpu.shutil, "which", lambda name: None)
     runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
