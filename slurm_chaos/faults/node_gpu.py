@@ -384,14 +384,13 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     res = ctx.runner(argv, timeout=20)
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
     after = read_gpu(ctx.runner, where.bus_id)
-    if method is ThrottleMethod.POWER:
-        seen = (
-            readback.power_cap(num(req, "power"), after) if after else readback.ReadBack(False, "no reading")
-        )
+    if after is None:
+        unread = f"nvidia-smi gave no reading of GPU {where.bus_id} after {' '.join(argv)}"
+        seen = readback.ReadBack(None if method is ThrottleMethod.CLOCKS else False, unread)
+    elif method is ThrottleMethod.POWER:
+        seen = readback.power_cap(num(req, "power"), after)
     else:
-        seen = (
-            readback.clock_lock(num(req, "clock"), after) if after else readback.ReadBack(None, "no reading")
-        )
+        seen = readback.clock_lock(num(req, "clock"), after)
     if seen.took is None:
         log.info("%s on %s: clocks locked, read back under load: %s", req.name, ctx.node, seen.words)
         return [ClockReadBack(req.name, ctx, where, num(req, "clock"), time.time() + CLOCK_READ_EVERY_S)]
