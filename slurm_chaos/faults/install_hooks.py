@@ -264,9 +264,6 @@ def install_hooks(
     written = []
     for kind in ("prolog", "epilog"):
         path = hooks_dir / f"{kind}.d" / HOOK_NAME
-        where = root.parent_made(path)
-        tmp = where.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
-        tmp.unlink(missing_ok=True)
         text = render_hook(
             kind,
             python,
@@ -279,9 +276,8 @@ def install_hooks(
             ckpt_roots,
             node_code_root(root),
         )
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.rename(where)  # atomic: slurmd never runs a half-written hook
+        # Atomic, under a dotfile name the dispatchers skip: slurmd never runs a half-written hook.
+        root.write(path, text.encode(), mode=0o755)
         written.append(path)
     root.made(journal_root)
     return written
