@@ -11,7 +11,10 @@ their own plugstack.conf): a user can set ``SPANK_SLURM_CHAOS_SPEC`` for any job
 - The job's uid and user come from slurmd (``SLURM_JOB_UID``, ``SLURM_JOB_USER``); account,
   partition, reservation, oversubscription, array and het membership and node count from
   slurmctld (:meth:`Scheduler.job_record`).
-- The rules come from the root-owned policy file (:mod:`slurm_chaos.faults.policy`).
+- The rules come from the root-owned policy file (:mod:`slurm_chaos.faults.policy`); besides,
+  no job gets faults in a partition that preempts by suspension (PreemptMode SUSPEND or GANG, the
+  partition's own or the cluster's, as slurmctld reports them): a suspended job runs no epilog
+  while the job that preempts it gets the node, faults and all.
 
 Each decision on a job with a SPEC is appended to the root-owned audit log, and written to the
 job's grant file on this node, ``<journal root>/<node>/<job>.grant``, for the SPANK plugin: in
@@ -35,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from slurm_chaos.faults.policy import JobFacts, load_policy, refusal, user_refusal
+from slurm_chaos.faults.policy import JobFacts, load_policy, preemption_refusal, refusal, user_refusal
 from slurm_chaos.faults.spec import SpecError, canonical_spec
 from slurm_chaos.slurm.backend import Scheduler
 
@@ -129,8 +132,21 @@ def decide(
         decision = replace(decision, spec=canonical_spec(spec))
     except SpecError as exc:
         return _refuse(decision, str(exc))
-    why = refusal(policy, facts)
+    why = refusal(policy, facts) or preemption_refusal(
+        facts.partition, *preempt_mode(scheduler, facts.partition)
+    )
     return _refuse(decision, why) if why else decision
+
+
+def preempt_mode(scheduler: Scheduler, partition: str | None) -> tuple[str | None, str]:
+    """(the partition's PreemptMode, the cluster's PreemptType) as slurmctld reports them: the
+    partition's own mode, else the cluster's; None for a partition slurmctld does not know.
+    SlurmError when it does not answer."""
+    config = scheduler.cluster_config()
+    part = scheduler.partitions().get(partition or "")
+    if part is None:
+        return None, config.preempt_type
+    return part.preempt_mode or config.preempt_mode or "OFF", config.preempt_type
 
 
 def _refuse(decision: Decision, why: str) -> Decision:

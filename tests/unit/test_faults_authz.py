@@ -30,7 +30,7 @@ from slurm_chaos.faults.journal import Journal, Undo
 from slurm_chaos.faults.policy import Policy, PolicyError, write_policy
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.backend import Scheduler
-from slurm_chaos.slurm.model import JobRecord
+from slurm_chaos.slurm.model import ClusterConfig, JobRecord, PartitionInfo
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the policy and audit files must be root's")
 
@@ -65,10 +65,20 @@ POLICY = Policy(
 class FakeScheduler:
     """Answers job_record from a table; counts the questions; records drains."""
 
-    def __init__(self, *records: JobRecord) -> None:
+    def __init__(
+        self, *records: JobRecord, preempt: tuple[str, str, str] = ("OFF", "OFF", "preempt/none")
+    ) -> None:
         self.records = {r.job_id: r for r in records}
         self.asked: list[str] = []
         self.drained: list[tuple[str, str]] = []
+        #: (the partition debug's PreemptMode, the cluster's PreemptMode and PreemptType)
+        self.preempt = preempt
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        return {"debug": PartitionInfo("debug", ("node1", "node2"), preempt_mode=self.preempt[0])}
+
+    def cluster_config(self) -> ClusterConfig:
+        return ClusterConfig("c", preempt_mode=self.preempt[1], preempt_type=self.preempt[2])
 
     def drain(self, node: str, reason: str) -> None:
         self.drained.append((node, reason))
@@ -544,3 +554,57 @@ def test_an_ordinary_jobs_prolog_tidies_stale_journals(tmp_path: Path) -> None:
     (etc / "slurm-chaos-policy.toml").unlink()
     (node_dir / "8.jsonl").write_text("")
     assert " prolog --tidy-only " in run()  # no policy at all: still tidies
+
+
+# --------------------------------------------------------------------------------- preemption (#27 12)
+
+SUSPENDED_BY = "a suspended job runs no epilog, and the job that preempts it would get the node"
+
+
+@pytest.mark.parametrize(
+    ("preempt", "refused"),
+    [
+        (
+            ("SUSPEND", "OFF", "preempt/partition_prio"),
+            "partition 'debug' preempts by suspension (PreemptMode=SUSPEND)",
+        ),
+        (
+            ("", "SUSPEND,GANG", "preempt/qos"),
+            "partition 'debug' preempts by suspension (PreemptMode=SUSPEND,GANG)",
+        ),
+        (("GANG", "OFF", "preempt/none"), "(PreemptMode=GANG)"),  # time-slicing suspends too
+        (("REQUEUE", "SUSPEND,GANG", "preempt/partition_prio"), None),  # the partition's own mode
+        (("SUSPEND", "SUSPEND", "preempt/none"), None),  # no preemption plugin, no gang: never
+        (("OFF", "OFF", "preempt/none"), None),
+    ],
+)
+def test_no_fault_in_a_partition_that_preempts_by_suspension(
+    policy: Path, preempt: tuple[str, str, str], refused: str | None
+) -> None:
+    d = authz.decide("42", "node1", ENV, cast(Scheduler, FakeScheduler(RECORD, preempt=preempt)), policy)
+    assert d is not None
+    if refused is None:
+        assert d.granted, d.refused
+    else:
+        assert d.refused is not None and refused in d.refused and SUSPENDED_BY in d.refused
+
+
+def test_a_partition_slurmctld_does_not_know_refuses(policy: Path) -> None:
+    elsewhere = replace(RECORD, partition="gone")
+    d = authz.decide("42", "node1", ENV, scheduler(elsewhere), policy)
+    assert d is not None and d.refused is not None
+    # The policy names the partition it wants first; with any partition allowed, the unknown mode refuses.
+    write_policy(policy, replace(POLICY, allow_partitions=None))
+    d = authz.decide("42", "node1", ENV, scheduler(elsewhere), policy)
+    assert (
+        d is not None
+        and d.refused == "the preemption mode of partition 'gone' is not known (slurmctld did not say)"
+    )
+
+
+def test_the_prolog_applies_nothing_in_a_suspending_partition(tmp_path: Path, policy: Path) -> None:
+    sched = FakeScheduler(RECORD, preempt=("SUSPEND", "OFF", "preempt/partition_prio"))
+    assert _hook(tmp_path, policy, "prolog", ENV, cast(Scheduler, sched)) == 0
+    grant = (tmp_path / "journal" / "node1" / "42.grant").read_text()
+    assert "refused=partition 'debug' preempts by suspension" in grant
+    assert not list((tmp_path / "journal" / "node1").glob("*.jsonl"))
