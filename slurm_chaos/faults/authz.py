@@ -22,9 +22,11 @@ slurmstepd it applies task-level faults only to the SPEC the prolog granted (``p
 
 A grant holds for one run of one job: the prolog removes any grant of its job id before it
 decides (a job id slurmctld hands out again after its state was reset finds none), the epilog
-removes it, and it records the job's submit time and an ``until`` time (the job's end by its
-time limit, or the hooks' bounded default) after which the plugin refuses it and cleanup
-removes it.
+removes it, and it records an ``until`` time (the job's end by its time limit, or the hooks'
+bounded default) after which the plugin refuses it and cleanup removes it. (Grants once carried
+the job's submit time too, which nothing checked: slurmstepd has no submit time of its own to
+compare it with, and the prolog's removal and ``until`` already bind a grant to one run. It is no
+longer written; the plugin still parses it in grants written before.)
 """
 
 from __future__ import annotations
@@ -61,8 +63,7 @@ class Decision:
     refused: str | None = None
     #: The one interface netem may shape (the policy's job_interface).
     job_interface: str | None = None
-    #: The job's submit time and the end its time limit sets (epoch seconds; None: not known).
-    submit: float | None = None
+    #: The end the job's time limit sets (epoch seconds; None: not known).
     end: float | None = None
 
     @property
@@ -123,7 +124,6 @@ def decide(
         facts,
         record.nodes,
         job_interface=policy.job_interface,
-        submit=record.submit_time.timestamp() if record.submit_time else None,
         end=record.end_time.timestamp() if record.end_time else None,
     )
     if record.user_id != who.uid:
@@ -215,7 +215,6 @@ def grant_text(decision: Decision, until: float) -> str:
         "het": flag(f.het),
         "nodes": "" if f.nodes is None else str(f.nodes),
         "spec": decision.spec,
-        "submit": epoch(decision.submit),
         "until": epoch(until),
     }
     if decision.refused:

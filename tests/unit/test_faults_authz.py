@@ -178,8 +178,9 @@ def test_audit_and_grant_files(tmp_path: Path, policy: Path) -> None:
     paths = authz.write_grant(journal, d, until=1796043600.5)
     assert paths[0] == journal / "node1" / "42.grant" and paths[0].stat().st_mode & 0o777 == 0o600
     assert "spec=nccl-degrade:ib=off\n" in paths[0].read_text()
-    # Bound to this run of the job: its submit time, and the end after which it grants nothing.
-    assert "submit=1796040000\nuntil=1796043600\n" in paths[0].read_text()  # 12:00 and 13:00 UTC
+    # Bound to this run of the job by the end after which it grants nothing (13:00 UTC); no submit
+    # time, which nothing could check (#27 finding 15).
+    assert "\nuntil=1796043600\n" in paths[0].read_text() and "submit=" not in paths[0].read_text()
     assert d.job_interface == "ib0" and d.end == 1796043600.0
     assert "refused=" not in paths[0].read_text()
     assert authz.remove_grant(journal, "node1", "42") == paths
