@@ -182,16 +182,16 @@ def epilog(
 
 
 def left_undone(journal_root: Path, env: Mapping[str, str]) -> list[str]:
-    """After a hook crashed: the job's own journal's changes still pending (none if it has none,
-    or it cannot be read: a journal nobody could read was never applied through)."""
+    """After a hook crashed: the job's own journal's changes still pending (none without a
+    journal; one that cannot be read counts as pending: fail closed)."""
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     if not job.isdigit() or not node or "/" in node:
         return []
     journal = Journal(journal_root, node, job)
     try:
         pending = journal.read().pending() if journal.path.exists() else []
-    except (OSError, ValueError):
-        return []
+    except OSError as exc:
+        return [f"{node} job {job}: its journal cannot be read after the hook crashed: {exc.strerror}"]
     return [f"{node} job {job} {e.fault}: {e.action}: the hook crashed before undoing it" for e in pending]
 
 
