@@ -1065,14 +1065,22 @@ def check_image(site_path: Path | str, root_dir: Path | str) -> Report:
     from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
-    root = InstallRoot.at(root_dir)
+    root = InstallRoot.at(root_dir, trusted=False)
     site = load_site(site_path, site_placeholders)
     files = ImageFiles(root.path)
     conf = site.slurm.conf or str(slurm_etc(site) / "slurm.conf")
     text = files.read(conf) or ""
     config = slurm_conf_settings(text, conf)
     exp = expected(site, config, str(root.path), partition_modes(text))
-    return Report((*preemption_findings(exp, IMAGE), *node_findings(files, IMAGE, exp)))
+    why = root.untrusted()
+    tree = (
+        Finding(IMAGE, "image root", Status.UNSAFE, str(root.path), why, _ROOT_FIX.format(p=root.path))
+        if why
+        else Finding(
+            IMAGE, "image root", Status.OK, str(root.path), "root's all the way up, writable by nobody else"
+        )
+    )
+    return Report((tree, *preemption_findings(exp, IMAGE), *node_findings(files, IMAGE, exp)))
 
 
 def check_site(

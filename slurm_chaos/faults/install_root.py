@@ -117,9 +117,10 @@ class InstallRoot:
     path: Path = Path("/")
 
     @classmethod
-    def at(cls, directory: str | Path, option: str = "--root") -> InstallRoot:
+    def at(cls, directory: str | Path, option: str = "--root", *, trusted: bool = True) -> InstallRoot:
         """The image root `directory` (an existing directory, taken where it really is, root's all
-        the way up and writable by nobody else); UsageError naming `option` otherwise."""
+        the way up and writable by nobody else); UsageError naming `option` otherwise. `trusted`
+        False: whoever owns it (an audit that reports :meth:`untrusted`; nothing is written)."""
         given = Path(directory)
         if not given.is_absolute():
             given = Path.cwd() / given
@@ -128,8 +129,18 @@ class InstallRoot:
         if not given.is_dir():
             raise UsageError(f"{option}: {directory} is not a directory")
         root = cls(given.resolve())
-        os.close(_open_trusted_dir(root.path, option))
+        if trusted:
+            os.close(_open_trusted_dir(root.path, option))
         return root
+
+    def untrusted(self, option: str = "--root") -> str | None:
+        """Why root may not write into this image (it or a directory above it is not root's alone),
+        or None."""
+        try:
+            os.close(_open_trusted_dir(self.path, option))
+        except UsageError as exc:
+            return str(exc)
+        return None
 
     @property
     def is_image(self) -> bool:

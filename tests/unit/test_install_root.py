@@ -302,6 +302,9 @@ def test_a_tree_not_roots_refuses_the_install(
     assert runner.calls == [] and _tree(image) == {}
     assert main(["plugin", "install", "--site", str(SITE), "--root", str(image)]) == 2
     assert f"is owned by uid {USER}, not root" in capsys.readouterr().err
+    # plugin check --root audits it all the same, and names it.
+    found = {f.item: f for f in pc.check_image(SITE, image).problems()}["image root"]
+    assert found.status is pc.Status.UNSAFE and f"{image} is owned by uid {USER}, not root" in found.detail
     # Root's, but a directory above it is the user's: they may rename the image away and put
     # their own tree (or a link to this machine's /etc) in its place.
     os.chown(image, 0, 0)
