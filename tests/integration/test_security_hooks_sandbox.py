@@ -5,7 +5,8 @@ AdminComment of a held job, as ``test_authz_sandbox.admin_marked`` does), while 
 something in the undo's way: in that node's mount namespace only, ``tc`` refuses to delete a
 qdisc. Its epilog then cannot take the fault back, and the node must end DRAINED with the reason
 ``slurm-chaos: undo failed: ...`` instead of going back into service with the qdisc in place.
-Afterwards the way is cleared, the journal reverted, the node resumed: every node as before.
+Then the way is cleared and the node resumed: the next job, of chaosno (whom the policy does not
+name), must find the qdisc gone already, reverted by its own prolog. Every node as before after.
 
 The policy and the prolog/epilog hooks are installed for this module and the previous files
 restored afterwards; the users are tests/conftest.py's ``sandbox_users``.
@@ -58,19 +59,19 @@ class Hooks:
     journal_root: Path
     shared: Path
     nodes: tuple[str, ...]
-    user: SandboxUser
+    users: dict[str, SandboxUser]
 
     def run(self, argv: Sequence[str]) -> Completed:
         return SubprocessRunner()(argv, timeout=TIMEOUT, env=self.env)
 
-    def as_user(self, *command: str) -> Completed:
+    def as_user(self, user: str, *command: str) -> Completed:
         env = {
             "PATH": SYSTEM_PATH,
-            "HOME": str(self.user.home),
+            "HOME": str(self.users[user].home),
             "SLURM_CONF": self.env["SLURM_CONF"],
             **{k: v for k, v in self.env.items() if k.endswith("_RESERVATION")},
         }
-        argv = self.user.argv("sh", "-c", 'cd "$HOME" && exec "$@"', "sh", *command, env=env)
+        argv = self.users[user].argv("sh", "-c", 'cd "$HOME" && exec "$@"', "sh", *command, env=env)
         return SubprocessRunner()(argv, timeout=TIMEOUT)
 
     def slurmd_pid(self, node: str) -> int:
@@ -120,8 +121,8 @@ def hooks(sandbox, sandbox_users: dict[str, SandboxUser]) -> Iterator[Hooks]:  #
         audit_log=root / "log" / "slurm-chaos-audit.log",
     )
     try:
-        shared, user = Path(sandbox.shared_dir), sandbox_users["chaosok"]
-        yield Hooks(env, root, root / "journal", shared, tuple(sandbox.nodes), user)
+        shared, users = Path(sandbox.shared_dir), dict(sandbox_users)
+        yield Hooks(env, root, root / "journal", shared, tuple(sandbox.nodes), users)
     finally:
         for path, text in saved.items():
             if text is None:
@@ -132,8 +133,8 @@ def hooks(sandbox, sandbox_users: dict[str, SandboxUser]) -> Iterator[Hooks]:  #
 
 @contextlib.contextmanager
 def blocked_tc(hooks: Hooks) -> Iterator[str]:
-    """A node where `tc qdisc del` fails (in its mount namespace only): yields its name, and clears
-    the way on leaving."""
+    """The first node, where `tc qdisc del` fails (in its mount namespace only): yields its name,
+    and clears the way on leaving."""
     node = hooks.nodes[0]
     real_tc = shutil.which("tc", path=SYSTEM_PATH)
     assert real_tc is not None
@@ -152,44 +153,58 @@ def blocked_tc(hooks: Hooks) -> Iterator[str]:
         shutil.rmtree(way, ignore_errors=True)
 
 
-def _admin_marked_job(hooks: Hooks, node: str) -> str:
-    """A held job of chaosok on `node` that an administrator gives the SPEC, released and run to its end."""
-    out = hooks.user.home / f"job-{uuid.uuid4().hex[:8]}.out"
+def _job(hooks: Hooks, user: str, node: str, admin_spec: str = "") -> tuple[str, str]:
+    """A job of `user` on `node` that prints the node's qdisc, held until an administrator gives it
+    `admin_spec` (if any), run to its end: (job id, its output)."""
+    out = hooks.users[user].home / f"job-{uuid.uuid4().hex[:8]}.out"
     held = hooks.as_user(
-        "sbatch", "--parsable", "--hold", "-N1", "--exclusive", "-w", node, "-o", str(out), "--wrap",
+        user, "sbatch", "--parsable", "--hold", "-N1", "--exclusive", "-w", node, "-o", str(out), "--wrap",
         "tc qdisc show dev eth0; sleep 1",
     )  # fmt: skip
     assert held.ok, held.stderr
     job = held.stdout.strip().split(";")[0]
-    assert hooks.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={SPEC}"]).ok
+    if admin_spec:
+        assert hooks.run(["scontrol", "update", f"JobId={job}", f"AdminComment=slurm-chaos={admin_spec}"]).ok
     assert hooks.run(["scontrol", "release", job]).ok
     end = time.monotonic() + TIMEOUT
     while hooks.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() not in ("", "COMPLETED"):
         assert time.monotonic() < end, f"job {job} still queued"
         time.sleep(0.3)
-    assert "tbf cafe:" in out.read_text(), "the fault never reached the job: nothing to undo"
-    return job
+    return job, out.read_text() if out.exists() else ""
 
 
-def test_a_failed_undo_drains_the_node_with_the_reason(hooks: Hooks) -> None:
+def test_a_failed_undo_drains_the_node_and_the_next_tenants_prolog_tidies(hooks: Hooks) -> None:
     before = hooks.snapshot()
-    with blocked_tc(hooks) as node:
-        job = _admin_marked_job(hooks, node)
-        end = time.monotonic() + TIMEOUT
-        while (now := hooks.state(node))[0] not in ("drained", "drain", "draining"):
-            assert time.monotonic() < end, f"{node} not drained after the failed undo: {now}"
-            time.sleep(0.5)
-        reason = now[1]
-        assert reason.startswith(f"{UNDO_FAILED}: {node} job {job} netem"), reason
-        assert "tc qdisc del dev eth0 root" in reason and "(and" not in reason, reason
+    node = hooks.nodes[0]
+    try:
+        with blocked_tc(hooks):
+            job, out = _job(hooks, "chaosok", node, admin_spec=SPEC)
+            assert "tbf cafe:" in out, "the fault never reached the job: nothing to undo"
+            end = time.monotonic() + TIMEOUT
+            while (now := hooks.state(node))[0] not in ("drained", "drain", "draining"):
+                assert time.monotonic() < end, f"{node} not drained after the failed undo: {now}"
+                time.sleep(0.5)
+            reason = now[1]
+            assert reason.startswith(f"{UNDO_FAILED}: {node} job {job} netem"), reason
+            assert "tc qdisc del dev eth0 root" in reason and "(and" not in reason, reason
+            log = (hooks.root / "log" / "slurm-chaos-agent.log").read_text()
+            assert f"{reason}: draining {node}" in log and "tc qdisc del blocked by the test" in log
+            assert Journal(hooks.journal_root, node, job).read().pending(), (
+                "the change stays for a later undo"
+            )
+            assert "tbf cafe:" in hooks.in_node(node, "tc", "qdisc", "show", "dev", "eth0").stdout
+        # The way cleared and the node resumed by its administrator: the next tenant, a user the
+        # policy does not name, finds the node tidy: their job's prolog reverted what was left.
+        assert hooks.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"]).ok
+        _, out = _job(hooks, "chaosno", node)
+        assert "qdisc" in out and "cafe:" not in out, out
+        assert not Journal(hooks.journal_root, node, job).read().pending()
         log = (hooks.root / "log" / "slurm-chaos-agent.log").read_text()
-        assert f"{reason}: draining {node}" in log and "tc qdisc del blocked by the test" in log
-        assert Journal(hooks.journal_root, node, job).read().pending(), "the change stays for a later undo"
-        assert "tbf cafe:" in hooks.in_node(node, "tc", "qdisc", "show", "dev", "eth0").stdout
-    # The way cleared: the undo goes through from here, and the administrator resumes the node.
-    done = cleanup(hooks.journal_root, [node], SubprocessRunner(), job_running=lambda _job: False)
-    assert done and not any(o.failed for o in done), done
-    assert hooks.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"]).ok
+        assert f"prolog cleanup: {node} job {job} netem" in log
+    finally:  # whatever failed above: the node as it was
+        cleanup(hooks.journal_root, [node], SubprocessRunner(), job_running=lambda _job: False)
+        if hooks.state(node)[0] in ("drained", "drain", "draining"):
+            hooks.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
     end = time.monotonic() + 30
     while (after := hooks.snapshot()) != before and time.monotonic() < end:
         time.sleep(0.5)
