@@ -467,6 +467,12 @@ def test_check_site_reads_slurm_settings_from_scontrol_and_each_node_through_sru
     assert "Contain" in bad[("controller", "slurm.conf PrologFlags")].detail  # PrologFlags=Alloc there
     assert "proctrack/linuxproc" in bad[("controller", "slurm.conf ProctrackType")].detail
     assert bad[("n02", "node reachable")].detail.endswith("Invalid node name")
+    # PreemptMode read from the recorded config; the partitions were not listed, and it says so.
+    preempt = next(f for f in report.findings if f.item == "slurm.conf PreemptMode")
+    assert preempt.status is pc.Status.OK and preempt.detail.startswith(
+        "PreemptMode=OFF, PreemptType=preempt/none"
+    )
+    assert "could not be listed" in preempt.detail
     assert bad[("n01", "policy file")].status is pc.Status.MISSING
     assert bad[("n01", "policy file")].path == "/etc/slurm/slurm-chaos-policy.toml"
     srun = [c for c in runner.calls if c[0] == "srun" and "--nodelist=n01" in c]
@@ -567,3 +573,12 @@ def test_partition_modes_are_read_from_an_images_slurm_conf() -> None:
         "NodeName=n1 CPUs=4\n"
     )
     assert pc.partition_modes(text) == {"batch": "REQUEUE", "gpu": "SUSPEND"}
+
+
+def test_partition_preempt_modes_are_read_from_recorded_scontrol_output() -> None:
+    from slurm_chaos.slurm.parse import parse_scontrol_partitions
+
+    parts = parse_scontrol_partitions(
+        (DATA / "slurm-22.05" / "scontrol_show_partition_oneliner.txt").read_text()
+    )
+    assert parts and all(p.preempt_mode == "OFF" for p in parts.values())
