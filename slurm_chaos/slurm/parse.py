@@ -705,6 +705,7 @@ def parse_scontrol_partitions(text: str) -> dict[str, PartitionInfo]:
             default=rec.get("Default", "").upper() == "YES",
             state=_text(rec.get("State", "")),
             oversubscribe=_text(rec.get("OverSubscribe", "")),
+            preempt_mode=_text(rec.get("PreemptMode", "")),
         )
         out[part.name] = part
     return out
@@ -752,6 +753,8 @@ def parse_scontrol_config(text: str) -> ClusterConfig:
         task_plugin=_words(values.get("TaskPlugin", "")),
         job_submit_plugins=_words(values.get("JobSubmitPlugins", "")),
         health_check_program=_text(values.get("HealthCheckProgram", "")),
+        preempt_mode=_text(values.get("PreemptMode", "")),
+        preempt_type=_text(values.get("PreemptType", "")),
     )
 
 
