@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -170,7 +171,11 @@ def test_check_gpu_parsers_and_power_cap_on_a_captured_machine(
     through real subprocesses; a MIG machine is skipped, saying why."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").symlink_to(TESTS / "gpu" / "fake_nvidia_smi.py")
+    # This interpreter, not whichever python3 PATH finds (a hook run in-process by an earlier test
+    # puts the system's first on PATH, and it may lack what the stand-in imports).
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {TESTS / "gpu" / "fake_nvidia_smi.py"} "$@"\n')
+    smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SMI_CAPTURE", machine)
     monkeypatch.setenv("FAKE_SMI_STATE", str(tmp_path / "smi.json"))
