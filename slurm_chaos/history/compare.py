@@ -57,7 +57,7 @@ RULES: tuple[str, ...] = (
     f"lost steps: above max + max({K_MAD:g} x MAD, {LOST_FLOOR_STEPS:g} steps, {FLOOR_FRACTION:g} x median) "
     "of the earlier windows'",
     f"MDE: above {MDE_FACTOR:g} x the largest of the earlier windows' (the cluster got noisier)",
-    "improvements: the mirror image of each rule; listed, never a finding",
+    "an improvement: the mirror image of a rule; listed, never a finding",
 )
 
 
@@ -149,7 +149,11 @@ def _verdict(p: _Pair) -> list[Change]:
     if was == now:
         return []
     word = "worse" if now > was else "better"
-    return [p.change("verdict", f"verdict {word}", p.last.verdict.value, p.now.verdict.value, now > was)]
+    return [
+        p.change(
+            "verdict", f"{word} than in the last window", p.last.verdict.value, p.now.verdict.value, now > was
+        )
+    ]
 
 
 def _firing_text(f: Firing | None) -> str:

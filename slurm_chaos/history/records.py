@@ -127,7 +127,8 @@ def window_nodes(report: RunReport) -> tuple[str, ...]:
     (an older release's) gives the hosts of the ranks the probe recorded."""
     nodes = {n for j in report.manifest.jobs for n in j.nodes}
     if not nodes:
-        nodes = {s.host for a in report.analyses for s in a.result.stragglers}
+        runs = [run for a in report.analyses for run in (a.baseline, a.fault) if run is not None]
+        nodes = {host for run in runs for host in run.hosts}
     return tuple(sorted(nodes))
 
 
