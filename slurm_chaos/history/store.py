@@ -224,6 +224,17 @@ class HistoryStore:
 
     def windows(self, site: str) -> list[Window]:
         """The site's windows, oldest first."""
+        try:
+            # One read transaction: a window a writer replaces meanwhile is read whole, old or new.
+            self._db.execute("BEGIN")
+            try:
+                return self._windows(site)
+            finally:
+                self._db.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            raise HistoryBusy(f"{self.path}: cannot read the history ({exc})") from exc
+
+    def _windows(self, site: str) -> list[Window]:
         rows = self._db.execute(
             "SELECT id, site, run_id, run_dir, started, slurm_version, tool_version, kind"
             " FROM windows WHERE site = ?",
