@@ -723,6 +723,94 @@ def _add_campaign(sub: Subparsers) -> None:
     p.set_defaults(handler=_report)
 
 
+def _history_site(args: argparse.Namespace) -> object:
+    from slurm_chaos.sandbox.layout import site_placeholders
+    from slurm_chaos.site import load_site
+
+    return None if args.site is None else load_site(args.site, site_placeholders)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from slurm_chaos.errors import UsageError
+    from slurm_chaos.history.commands import compare, show
+    from slurm_chaos.site import Site
+
+    site = _history_site(args)
+    if not isinstance(site, Site):
+        raise UsageError("history: --site is required (or: slurm-chaos history import RUN_DIR ...)")
+    store = Path(args.store) if args.store else None
+    if args.compare:
+        text, code = compare(site, store, args.last, args.window, args.format)
+        print(text, end="")
+        return code
+    print(show(site, store, args.format), end="")
+    return 0
+
+
+def _history_import(args: argparse.Namespace) -> int:
+    from slurm_chaos.history.commands import import_runs
+    from slurm_chaos.site import Site
+
+    site = _history_site(args)
+    assert site is None or isinstance(site, Site)
+    print(
+        import_runs([Path(d) for d in args.run_dirs], site, Path(args.store) if args.store else None), end=""
+    )
+    return 0
+
+
+HISTORY_HELP = (
+    "the history file (default: the site's history.path, else runs/history.sqlite, beside the run "
+    "directories)"
+)
+
+
+def _add_history(sub: Subparsers) -> None:
+    p = _command(
+        sub,
+        "history",
+        "the site's history of campaigns, and regressions of its monitoring between windows",
+        "Every campaign adds its results to the site's history at its end. Without --compare: per\n"
+        "experiment, one row per window (verdict, time to detect per detector, time to remediate, lost\n"
+        "steps, effect and MDE). With --compare: this window judged against the last (or the last N):\n"
+        "a verdict worse, a detector that stopped firing or is now silenced, a time to detect or\n"
+        "remediate past its deadline or beyond the earlier windows' spread, more lost steps, a larger\n"
+        "MDE; each a finding with the reason and both windows, the rules printed with them.\n"
+        "'history import RUN_DIR ...' adds existing run directories.",
+        "0 shown, or compared and no regression; 1 --compare found a regression; 2 bad input (site "
+        "config, option, no history, a run directory that does not analyse)",
+        "slurm-chaos history --site site.yaml --compare --last 3\n"
+        "  slurm-chaos history import runs/maintenance-2025* --site site.yaml",
+    )
+    p.add_argument("--site", type=site_config, help=SITE_HELP)
+    p.add_argument("--store", metavar="FILE", help=HISTORY_HELP)
+    p.add_argument(
+        "--format", default="text", choices=["text", "json", "html"], help="html: without --compare"
+    )
+    p.add_argument("--compare", action="store_true", help="judge this window against earlier ones")
+    p.add_argument(
+        "--last", type=int, default=1, metavar="N", help="compare with the last N windows (default: 1)"
+    )
+    p.add_argument("--window", metavar="RUN_ID", help="the window to judge (default: the latest)")
+    p.set_defaults(handler=_history)
+    hs = p.add_subparsers(dest="history_cmd", required=False, metavar="{import}")
+    q = _command(
+        hs,
+        "import",
+        "add existing run directories to the history",
+        "Analyse each run directory as 'slurm-chaos report' does and add its results to the history\n"
+        "(the same run id again replaces its window). Run directories of earlier releases import too.",
+        "0 added, 2 bad input (a run directory that does not analyse: nothing is added; a run of\n"
+        "another cluster than --site's)",
+        "slurm-chaos history import runs/2025-06-01-campaign runs/2025-07-01-campaign --site site.yaml",
+    )
+    q.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    # SUPPRESS: given before 'import', the history's own option stands.
+    q.add_argument("--site", type=site_config, default=argparse.SUPPRESS, help=SITE_HELP)
+    q.add_argument("--store", metavar="FILE", default=argparse.SUPPRESS, help=HISTORY_HELP)
+    q.set_defaults(handler=_history_import)
+
+
 def _add_common(sub: Subparsers) -> None:
     p = _command(
         sub,
@@ -790,6 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_site(sub)
     _add_common(sub)
     _add_campaign(sub)
+    _add_history(sub)
     return parser
 
 

@@ -183,6 +183,8 @@ class Site:
     features: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sandbox: str | None = None
     description: str = ""
+    # The SQLite file of the site's campaign history (history.path); None: beside the run directories.
+    history_path: Path | None = None
 
     def slurm_env(self) -> dict[str, str]:
         """Environment that points Slurm commands at this cluster."""
@@ -467,7 +469,19 @@ def _build(path: Path, d: dict[str, Any], sandbox: str | None) -> Site:
             node_labels=tuple(mon.get("node_labels", NODE_LABELS)),
             deadlines=_deadlines(path, mon.get("deadlines", {})),
         ),
+        history_path=_history_path(path, d.get("history", {})),
     )
+
+
+def _history_path(path: Path, raw: dict[str, str]) -> Path | None:
+    """history.path: absolute, so that every campaign and `history` command finds one file
+    whatever directory it runs in."""
+    if "path" not in raw:
+        return None
+    problem = path_problem(raw["path"])
+    if problem:
+        raise ConfigError(str(path), "history.path", f"{raw['path']!r} {problem}")
+    return Path(raw["path"])
 
 
 def _deadlines(path: Path, raw: dict[str, dict[str, float]]) -> dict[str, Deadline]:

@@ -191,7 +191,10 @@ def execute(camp: Campaign) -> tuple[str, int]:
         # found, so a caller never reads a partial campaign as a complete one that failed.
         text += f"partial: resume with --resume {camp.run_dir}\n"
         return text, 130
-    return text, code
+    # A finished campaign is one window of the site's history (a partial one, once resumed).
+    from slurm_chaos.history.commands import record_campaign
+
+    return text + record_campaign(camp.site, camp.run_dir), code
 
 
 def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None) -> list[Outcome]:

@@ -264,3 +264,28 @@ def test_todo_inside_a_value_is_not_a_todo(tmp_path: Path) -> None:
     data = _golden()
     data["description"] = "Nothing left TODO: done"
     assert load_site(_write(tmp_path, data)).description == "Nothing left TODO: done"
+
+
+def test_history_path_is_optional_and_absolute(tmp_path: Path) -> None:
+    assert load_site(GOLDEN).history_path is None
+    data = _golden()
+    data["history"] = {"path": "/var/lib/slurm-chaos/history.sqlite"}
+    assert load_site(_write(tmp_path, data)).history_path == Path("/var/lib/slurm-chaos/history.sqlite")
+
+
+@pytest.mark.parametrize(
+    ("history", "key", "words"),
+    [
+        ({"path": "runs/history.sqlite"}, "history.path", "not an absolute path"),
+        ({"path": ""}, "history.path", "should be non-empty"),
+        ({"file": "/h.sqlite"}, "history.file", "unknown key"),
+    ],
+)
+def test_bad_history_path_names_its_key(
+    tmp_path: Path, history: dict[str, str], key: str, words: str
+) -> None:
+    data = _golden()
+    data["history"] = history
+    with pytest.raises(ConfigError) as err:
+        load_site(_write(tmp_path, data))
+    assert err.value.key == key and words in err.value.problem

@@ -1,0 +1,1 @@
+"""A site's history of campaigns: the results store, and regressions between windows (#32)."""
