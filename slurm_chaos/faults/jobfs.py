@@ -353,3 +353,72 @@ def sweep(
     finally:
         os.close(base_fd)
     return done
+
+
+# ------------------------------------------------------------------------------ which jobs run here
+
+#: Slurm's default SlurmdSpoolDir.
+DEFAULT_SPOOL = Path("/var/spool/slurmd")
+#: A job's storage younger than this is never swept on the spool's word alone: its prolog may still
+#: run, before its first step.
+GRACE_S = 600.0
+
+
+def slurmd_spool(slurm_conf: Path | None, node: str, host: str = "") -> Path:
+    """slurmd's spool directory on `node`: slurm.conf's SlurmdSpoolDir (``%n`` the node name, ``%h``
+    the host name), else Slurm's default."""
+    text = ""
+    if slurm_conf is not None:
+        try:
+            text = slurm_conf.read_text(errors="replace")
+        except OSError:
+            text = ""
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        if key.strip().lower() == "slurmdspooldir" and value.strip():
+            return Path(value.strip().replace("%n", node).replace("%h", host or node))
+    return DEFAULT_SPOOL
+
+
+def steps_on_node(spool: Path, node: str) -> Callable[[str], bool | None]:
+    """Whether a job runs on `node`, from the step sockets slurmstepd keeps in slurmd's spool
+    directory while a step runs (``<node>_<job>.<step>``; the extern step for the whole job where
+    ``PrologFlags=Contain``): True with one there, False with none, None for every job when the
+    directory cannot be trusted (missing, not root's, writable by others)."""
+    try:
+        st = os.stat(spool)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return lambda _job: None
+        names = os.listdir(spool)
+    except OSError:
+        return lambda _job: None
+    prefix = f"{node}_"
+    jobs = set()
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            if stat.S_ISSOCK(os.lstat(spool / name).st_mode):
+                jobs.add(name[len(prefix) :].split(".", 1)[0])
+        except OSError:
+            continue
+    return lambda job: job in jobs
+
+
+def job_running(
+    storage: JobStorage, node: str, steps: Callable[[str], bool | None], now: float, grace_s: float = GRACE_S
+) -> Callable[[str], bool | None]:
+    """Whether a job still runs, as far as a sweep on the node may act on it: False (ended) when it
+    has no step on the node and its directory is older than `grace_s` (its change time, which a
+    user can only move forward); else None (unknown: kept)."""
+
+    def probe(job: str) -> bool | None:
+        if steps(job) is not False:
+            return None
+        try:
+            age = now - os.lstat(storage.path(node, job)).st_ctime
+        except OSError:
+            return None
+        return False if age > grace_s else None
+
+    return probe

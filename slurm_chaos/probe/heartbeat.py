@@ -463,15 +463,38 @@ def hook_main(
     try:
         if args.kind == "epilog":
             remove_job_dir(args.dir, node, job, runner)
-            return 0
-        uid = int(environ["SLURM_JOB_UID"])
-        gid = int(environ.get("SLURM_JOB_GID") or _primary_gid(uid))
-        make_job_dir(args.dir, node, job, uid, gid, runner, Limits(args.size, args.inodes))
+        else:
+            uid = int(environ["SLURM_JOB_UID"])
+            gid = int(environ.get("SLURM_JOB_GID") or _primary_gid(uid))
+            make_job_dir(args.dir, node, job, uid, gid, runner, Limits(args.size, args.inodes))
     except Exception as exc:  # never into slurmd: whatever the job left, the hook reports and ends
         print(
             f"slurm-chaos: heartbeat {args.kind}: job {job or '?'} on {node or '?'}: {exc}", file=sys.stderr
         )
+    try:
+        for line in sweep_node(args.dir, node, runner, environ):
+            print(f"slurm-chaos: heartbeat {args.kind} sweep on {node}: {line}", file=sys.stderr)
+    except Exception as exc:
+        print(f"slurm-chaos: heartbeat {args.kind} sweep on {node or '?'}: {exc}", file=sys.stderr)
     return 0
+
+
+def sweep_node(
+    directory: Path | str, node: str, runner: Runner | None, env: Mapping[str, str], now: float | None = None
+) -> list[str]:
+    """Take back the heartbeat storage of jobs that no longer run on `node`, as Slurm's own step
+    sockets in slurmd's spool directory say (``SlurmdSpoolDir`` of ``$SLURM_CONF``); a job the
+    spool cannot tell about, or whose storage is recent, is kept. Empties the node's trash within
+    TRASH_BUDGET_S."""
+    if not NAME_RE.fullmatch(node):
+        return []
+    storage = _job_storage(directory, runner, None)
+    conf = env.get("SLURM_CONF", "")
+    spool = jobfs.slurmd_spool(Path(conf) if conf.startswith("/") else None, node, this_node())
+    running = jobfs.job_running(
+        storage, node, jobfs.steps_on_node(spool, node), time.time() if now is None else now
+    )
+    return jobfs.sweep(storage, [node], running, TRASH_BUDGET_S)
 
 
 def _primary_gid(uid: int) -> int:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -223,3 +225,40 @@ def test_the_sweep_refuses_a_storage_root_that_is_not_roots_alone(storage_root: 
     storage_root.chmod(0o777)
     (line,) = jobfs.sweep(JobStorage(storage_root, SubprocessRunner()), None, lambda job: False)
     assert line.startswith("FAILED") and "not a directory of root's alone" in line
+
+
+# ------------------------------------------------------------------------------ which jobs run here
+
+
+def _step_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(path))  # the name stays after close, as slurmstepd's does while the step runs
+
+
+def test_slurmds_spool_says_which_jobs_have_a_step_and_an_untrusted_one_says_nothing(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=x\nslurmdSpoolDir = {tmp_path}/spool/%n  # per node\n")
+    spool = jobfs.slurmd_spool(conf, "node1")
+    assert spool == tmp_path / "spool" / "node1"
+    assert jobfs.slurmd_spool(None, "node1") == jobfs.DEFAULT_SPOOL
+    spool.mkdir(parents=True, mode=0o755)
+    _step_socket(spool / "node1_5.4294967291")  # the extern step
+    (spool / "node1_6.0").write_text("")  # not a socket: no step
+    _step_socket(spool / "node2_7.0")  # another node's
+    running = jobfs.steps_on_node(spool, "node1")
+    assert (running("5"), running("6"), running("7")) == (True, False, False)
+    spool.chmod(0o777)  # anyone could plant a step there: the spool says nothing
+    assert jobfs.steps_on_node(spool, "node1")("6") is None
+    assert jobfs.steps_on_node(tmp_path / "missing", "node1")("6") is None
+
+
+def test_only_storage_without_a_step_and_older_than_the_grace_counts_as_ended(storage_root: Path) -> None:
+    storage = JobStorage(storage_root, SubprocessRunner())
+    (storage_root / "node1" / "5").mkdir()
+    (storage_root / "node1" / "6").mkdir()
+    steps = {"5": False, "6": True}.get
+    later = time.time() + 2 * jobfs.GRACE_S
+    running = jobfs.job_running(storage, "node1", steps, later)
+    assert (running("5"), running("6"), running("7")) == (False, None, None)
+    assert jobfs.job_running(storage, "node1", steps, time.time())("5") is None  # its prolog may still run
+    assert jobfs.job_running(storage, "node1", lambda job: None, later)("5") is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from slurm_chaos.probe.heartbeat import (
     read_heartbeats,
     scan_heartbeats,
     straggler_ratio,
+    sweep_node,
 )
 from slurm_chaos.runner import Completed, FakeRunner, SubprocessRunner
 
@@ -307,3 +309,37 @@ def test_a_failed_mount_gives_the_job_no_directory(
     assert hook_main(["prolog", "--dir", str(base)], env, refuse) == 0
     assert not (base / "node3" / "77").exists()
     assert "only root can do that" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _can_mount(), reason="the job's tmpfs is mounted by root")
+def test_the_hooks_sweep_storage_of_jobs_slurm_no_longer_runs_on_the_node(tmp_path: Path) -> None:
+    """A job whose epilog never ran: no step socket of it in slurmd's spool, storage past the grace."""
+    base, spool = tmp_path / "hb", tmp_path / "spool" / "node3"
+    spool.mkdir(parents=True)
+    for d in (tmp_path / "spool", spool):
+        d.chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\n")
+    env = {
+        "SLURMD_NODENAME": "node3",
+        "SLURM_JOB_UID": "4242",
+        "SLURM_JOB_GID": "4343",
+        "SLURM_CONF": str(conf),
+    }
+    try:
+        for job in ("5", "6"):
+            assert hook_main(["prolog", "--dir", str(base)], {**env, "SLURM_JOB_ID": job}) == 0
+        _nest(base / "node3" / "5", 3000)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(spool / "node3_6.4294967291"))  # job 6 still has its extern step
+        now = time.time()
+        assert sweep_node(base, "node3", None, env, now) == []  # both too recent to tell
+        done = sweep_node(base, "node3", None, env, now + 2 * jobfs.GRACE_S)
+        assert done == [
+            f"{base}/node3/5 detached [job no longer running]",
+            f"{base}/node3/5 removed [job no longer running]",
+        ]
+        assert sorted(os.listdir(base / "node3")) == [".trash", "6"]
+        assert jobfs.mounts_at_or_under(base) == [str(base / "node3" / "6")]
+    finally:
+        jobfs.detach(tmp_path, SubprocessRunner())
