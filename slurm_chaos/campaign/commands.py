@@ -203,7 +203,8 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
 
     site = load_site(site_path, site_placeholders)
     runner = SubprocessRunner(base_env=site.slurm_env())
-    done = cleanup(site_journal_root(site), nodes, runner)
+    heartbeats = [Path(site.monitoring.heartbeat_dir)] if site.monitoring.heartbeat_dir else []
+    done = cleanup(site_journal_root(site), nodes, runner, storage_roots=heartbeats)
     if run_dir is not None:
         conn = connect(site)
         lines = cancel_run_jobs(run_dir, conn.scheduler)
