@@ -160,6 +160,9 @@ def _empty_one(trash_fd: int, name: str, expired: Callable[[], bool]) -> bool:
                     os.unlink(entry.name, dir_fd=fd)
                 except FileNotFoundError:
                     pass
+                except IsADirectoryError:  # made a directory since it was listed
+                    if not _move_into(fd, entry.name, trash_fd):
+                        stuck.append(entry.name)
     finally:
         os.close(fd)
     if stuck:

@@ -605,8 +605,10 @@ class Sandbox:
         from slurm_chaos.sandbox.monitoring import sandbox_heartbeat_dir
 
         # The jobs' heartbeat mounts the nodes made (seen here through the shared mount), then it.
-        for line in jobfs.detach(sandbox_heartbeat_dir(layout), self.runner):
-            stopped.append(f"mount {line}")
+        try:
+            stopped += [f"mount {line}" for line in jobfs.detach(sandbox_heartbeat_dir(layout), self.runner)]
+        except jobfs.JobFsError as exc:
+            log.warning("sandbox %s: %s", self.name, exc)
         if purge:
             # Keep the logs for a post-mortem; everything else of the sandbox goes, the fault journals
             # too: a new slurmctld starts job ids at 1 again, and an old closed journal of job N would
