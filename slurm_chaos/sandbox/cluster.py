@@ -471,18 +471,20 @@ class Sandbox:
             # /etc/hosts (private mount namespace) and, in cgroup mode, its own cgroup subtree and
             # namespace; `ip netns exec` would remount /sys and break cgroups.
             procs = SandboxCgroups(layout.name).create_node(node, hs) if layout.cgroups else []
-            shared = self._share_heartbeats(layout)
+            shared = self._share_heartbeats(layout, node)
             argv = node_argv(layout.netns(i), node, hosts, layout.slurm_conf, procs, hs, links, shared)
             self._start_slurm_daemon(layout, d, argv, layout.log_dir / f"slurmd.{node}.log")
 
-    def _share_heartbeats(self, layout: Layout) -> Path:
-        """The heartbeat directory as a shared mount (bound on itself): the job's heartbeat tmpfs a
-        node's prolog mounts under it is seen on the host too, where the exporter reads it."""
+    def _share_heartbeats(self, layout: Layout, node: str) -> Path:
+        """The node's heartbeat directory as a shared mount (bound on itself): the job's heartbeat
+        tmpfs the node's prolog mounts in it is seen on the host too, where the exporter reads it
+        (and not by the other nodes: each keeps only its own directory shared)."""
         from slurm_chaos.sandbox.monitoring import sandbox_heartbeat_dir
 
-        path = sandbox_heartbeat_dir(layout)
+        path = sandbox_heartbeat_dir(layout) / node
         path.mkdir(mode=0o755, parents=True, exist_ok=True)
-        path.chmod(0o755)
+        for d in (path.parent, path):
+            d.chmod(0o755)
         if str(path) not in jobfs.mount_points():
             self._mount("--bind", str(path), str(path))
         self._mount("--make-shared", str(path))

@@ -48,6 +48,7 @@ MiB = 1024 * 1024
 #: (other work on this machine writes to the same filesystem meanwhile).
 GRAB = 1024 * MiB
 FREE_MARGIN = 256 * MiB
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"}
 
 # As the job's user, in the batch step: keep the channel's request past the job, and grow it.
 CHANNEL_ATTACK = r"""
@@ -158,12 +159,14 @@ class Node:
         return path.read_text() if path.exists() else ""
 
     def wait_ended(self, job: str, node: str) -> None:
-        """Until the job left the queue and its node finished the epilog."""
+        """Until slurmctld says the job ended and its node finished the epilog."""
         end = time.monotonic() + TIMEOUT
         while time.monotonic() < end:
-            queued = self.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip()
+            res = self.run(["scontrol", "-o", "show", "job", job])
+            m = re.search(r"JobState=(\S+)", res.stdout)
+            ended = m.group(1) in ENDED if m else "Invalid job id" in res.stderr
             state = self.run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip().rstrip("*")
-            if queued in ("", "COMPLETED", "FAILED", "CANCELLED") and state in ("idle", "reserved"):
+            if ended and state in ("idle", "reserved"):
                 return
             time.sleep(0.5)
         raise AssertionError(f"job {job} on {node} never ended")
