@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 pkgs=(slurm-wlm slurm-client slurmdbd munge libslurm-dev slurm-wlm-basic-plugins-dev openmpi-bin libopenmpi-dev
       mariadb-server iproute2 util-linux procps gcc make clang libc6-dev stress-ng numactl fiu-utils libfiu-dev
-      prometheus prometheus-alertmanager prometheus-node-exporter chromium)
+      prometheus prometheus-alertmanager prometheus-node-exporter chromium fuse3 squashfuse squashfs-tools)
 PY=${PYTHON:-python3}
 # Debian's own python3 is externally managed (PEP 668): the package then goes into a virtual
 # environment beside the checkout (.venv), which needs python3-venv.

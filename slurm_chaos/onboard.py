@@ -2,14 +2,20 @@
 
 What Slurm knows is filled in: the cluster name, partitions, the nodes' CPUs, sockets (taken as
 NUMA nodes) and GPUs with the socket gres.conf binds them to, one rack per leaf switch of
-topology.conf, node features, and the maintenance reservation. What it cannot know (the checkpoint
+topology.conf, node features, and the maintenance reservation. Where `site init` runs on a GPU
+node (nvidia-smi is there), each GPU's bus id (``--query-gpu=index,pci.bus_id``) and NUMA node
+(``topo -m``'s NUMA Affinity) come from nvidia-smi instead, numbered as Slurm numbers them (the
+driver's device minors, ``gpu/numbering.py``). What it cannot know (the checkpoint
 path, monitoring, detectors, who may run experiments, the probe's Python) is written as a
 `TODO: ...` value, which load_site refuses, naming each key, until someone fills it in.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shutil
+import socket
 import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -20,6 +26,7 @@ from typing import Any
 import yaml
 
 from slurm_chaos.errors import SlurmError, UsageError
+from slurm_chaos.gpu import numbering, nvsmi
 from slurm_chaos.hostlist import compress_hostlist
 from slurm_chaos.runner import Runner
 from slurm_chaos.site import TODO, Checkpoint, ProbeOptions, SlurmOptions, healthcheck_signals, todo_entries
@@ -35,8 +42,28 @@ from slurm_chaos.slurm.model import (
 
 
 @dataclass(frozen=True)
+class NodeGpu:
+    """One GPU of the node `site init` ran on: its number, bus id and NUMA node (None: not said)."""
+
+    index: int
+    pci_bus_id: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class LocalGpus:
+    """The GPUs nvidia-smi shows on the node `site init` ran on; ``slurm_numbers``: numbered as
+    Slurm numbers them (the driver's device minors), else by NVML's index."""
+
+    host: str
+    gpus: tuple[NodeGpu, ...]
+    slurm_numbers: bool
+
+
+@dataclass(frozen=True)
 class ClusterFacts:
-    """Everything `site init` asks Slurm, in one place (so the config is built without Slurm)."""
+    """Everything `site init` asks Slurm, in one place (so the config is built without Slurm), and
+    the GPUs of the node it runs on where nvidia-smi is there."""
 
     version: str
     config: ClusterConfig
@@ -44,6 +71,7 @@ class ClusterFacts:
     nodes: dict[str, NodeInfo]
     switches: list[SwitchInfo]
     reservations: dict[str, ReservationInfo]
+    local_gpus: LocalGpus | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +95,33 @@ def gather(scheduler: Scheduler) -> ClusterFacts:
         nodes=scheduler.nodes(),
         switches=scheduler.topology(),
         reservations=scheduler.reservations(),
+    )
+
+
+def describe_gpus(
+    query: str, topo: str, driver: Sequence[numbering.DriverGpu] | None, host: str
+) -> LocalGpus:
+    """This node's GPUs from ``nvidia-smi --query-gpu=index,pci.bus_id --format=csv`` and
+    ``nvidia-smi topo -m``, renumbered by the driver's device minors where it lists every GPU."""
+    numa = {g.index: g.numa_node for g in nvsmi.parse_topo(topo)}
+    seen = nvsmi.readings(query)
+    minors = {g.bus_id: g.minor for g in driver or ()}
+    slurm = bool(seen) and all(r.bus_id in minors for r in seen)
+    gpus = [NodeGpu(minors[r.bus_id] if slurm else r.index, r.bus_id, numa.get(r.index)) for r in seen]
+    return LocalGpus(host, tuple(sorted(gpus, key=lambda g: g.index)), slurm)
+
+
+def local_gpus(runner: Runner, driver_root: Path = numbering.PROC_GPUS) -> LocalGpus | None:
+    """The GPUs of the node `site init` runs on; None where nvidia-smi is not there or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    query = runner(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv"], timeout=30)
+    topo = runner(["nvidia-smi", "topo", "-m"], timeout=30)
+    if not query.ok:
+        return None
+    host = socket.gethostname().split(".")[0]
+    return describe_gpus(
+        query.stdout, topo.stdout if topo.ok else "", numbering.read_driver(driver_root), host
     )
 
 
@@ -150,11 +205,20 @@ def _nodes_section(facts: ClusterFacts, members: Sequence[str], notes: dict[str,
         "Slurm's Sockets per node; a node with more NUMA domains than sockets (e.g. AMD NPS4) "
         "needs its real count."
     )
-    if gpus and numa is not None and max(numa) < sockets:
+    local = _local_gpus(facts.local_gpus, gpus, sockets, members, notes)
+    if local:
+        section["gpus"] = local
+    elif gpus and numa is not None and max(numa) < sockets:
         section["gpus"] = [{"index": i, "numa_node": n} for i, n in enumerate(numa)]
-        notes["nodes.gpus"] = (
-            "Indices in Slurm's order, NUMA nodes from the socket gres.conf binds each GPU to; "
-            "check against `nvidia-smi topo -m` and add pci_bus_id if the faults need it."
+        notes["nodes.gpus"] = " ".join(
+            filter(
+                None,
+                (
+                    notes.get("nodes.gpus"),
+                    "Indices in Slurm's order, NUMA nodes from the socket gres.conf binds each GPU to; "
+                    "check against `nvidia-smi topo -m` and add pci_bus_id if the faults need it.",
+                ),
+            )
         )
     elif gpus:
         section["gpus"] = _todo(
@@ -164,6 +228,32 @@ def _nodes_section(facts: ClusterFacts, members: Sequence[str], notes: dict[str,
     section["interface"] = _todo("network interface of the probe's sockets, e.g. eth0 or ib0")
     notes["nodes.interface"] = "Add `hca: [mlx5_0, ...]` for InfiniBand, and NCCL settings under nccl.env."
     return section
+
+
+def _local_gpus(
+    local: LocalGpus | None, gpus: int, sockets: int, members: Sequence[str], notes: dict[str, str]
+) -> list[dict[str, Any]]:
+    """``nodes.gpus`` from nvidia-smi on this node, where it shows the nodes' GPU count with a NUMA
+    node each; [] otherwise (a note says why where nvidia-smi answered)."""
+    if local is None or not gpus:
+        return []
+    if len(local.gpus) != gpus or any(g.numa_node is None or g.numa_node >= sockets for g in local.gpus):
+        notes["nodes.gpus"] = (
+            f"nvidia-smi on {local.host} shows {len(local.gpus)} GPUs (NUMA nodes "
+            f"{[g.numa_node for g in local.gpus]}), not {gpus} on at most {sockets} NUMA nodes: not used."
+        )
+        return []
+    which = "among the nodes described" if local.host in members else "not one of the nodes described"
+    numbers = (
+        "numbered as Slurm numbers them (the driver's device minors)"
+        if local.slurm_numbers
+        else "numbered by NVML's index: no /proc/driver/nvidia/gpus to tell Slurm's numbers (device minors)"
+    )
+    notes["nodes.gpus"] = (
+        f"From nvidia-smi on {local.host} ({which}): bus ids from --query-gpu, NUMA nodes from "
+        f"`topo -m`, {numbers}."
+    )
+    return [{"index": g.index, "numa_node": g.numa_node, "pci_bus_id": g.pci_bus_id} for g in local.gpus]
 
 
 def _rack_names(leaves: Sequence[SwitchInfo]) -> list[str]:
@@ -361,8 +451,9 @@ def init_from_slurm(env: Mapping[str, str], runner: Runner, reservation: str | N
     """Ask the cluster that `env` points at (SLURM_CONF) and build its site config.
 
     Always through the CLI backend: pyslurm's node records leave out the sockets GPUs are bound to.
+    Where nvidia-smi is on this node, its GPUs' bus ids and NUMA nodes too.
     """
-    facts = gather(SlurmCLI(env, runner))
+    facts = dataclasses.replace(gather(SlurmCLI(env, runner)), local_gpus=local_gpus(runner))
     return build_site(facts, env.get("SLURM_CONF") or None, reservation)
 
 

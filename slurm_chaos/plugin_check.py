@@ -39,7 +39,7 @@ from itertools import pairwise
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from slurm_chaos.errors import UsageError
+from slurm_chaos.errors import SlurmError, UsageError
 from slurm_chaos.faults.install_hooks import (
     HOOK_NAME,
     SYSTEM_PATH,
@@ -57,7 +57,7 @@ from slurm_chaos.faults.plugin_install import (
     site_policy_path,
     slurm_etc,
 )
-from slurm_chaos.faults.policy import PolicyError, parse_policy
+from slurm_chaos.faults.policy import PolicyError, parse_policy, suspends
 from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.model import ClusterConfig
@@ -170,7 +170,8 @@ class NodeFiles(Protocol):
         ...
 
     def unsafe_below(self, path: str) -> list[str]:
-        """Entries under the directory `path` not owned by root, or writable by group or others."""
+        """Entries under the directory `path` not owned by root, writable by group or others, or
+        symlinks (each judged by where it leads: :func:`untrusted_below`)."""
         ...
 
 
@@ -213,7 +214,7 @@ class LocalFiles:
             for name in sorted(dirs + names):
                 p = os.path.join(top, name)
                 entry = self.lstat([p]).get(p)
-                if entry and (entry.uid != 0 or (not entry.is_link and entry.mode & 0o022)):
+                if entry and (entry.uid != 0 or entry.is_link or entry.mode & 0o022):
                     bad.append(p)
         return sorted(bad)
 
@@ -255,8 +256,8 @@ class RunnerFiles:
         return done.stdout if done.ok else None
 
     def unsafe_below(self, path: str) -> list[str]:
-        argv = ["find", path, "-mindepth", "1", "(", "!", "-uid", "0", "-o", "(", "!", "-type", "l"]
-        done = self.runner([*argv, "-perm", "/022", ")", ")", "-print"], timeout=self.timeout)
+        argv = ["find", path, "-mindepth", "1", "(", "!", "-uid", "0", "-o", "-type", "l", "-o"]
+        done = self.runner([*argv, "-perm", "/022", ")", "-print"], timeout=self.timeout)
         return sorted(line for line in done.stdout.splitlines() if line)
 
 
@@ -397,6 +398,25 @@ def chain_problem(chain: Chain, path: str) -> tuple[str, str] | None:
     return None
 
 
+def untrusted_below(files: NodeFiles, path: str) -> list[str]:
+    """What under the directory `path` root should not trust, each with why: an entry not root's
+    or writable by others, or a symlink (root-owned or not) whose chain (every link and its
+    target, and every directory on the way) is not root's alone, or leads nowhere."""
+    out = []
+    for p in files.unsafe_below(path):
+        entry = files.lstat([p]).get(p)
+        if entry is None or not entry.is_link or entry.uid != 0:
+            out.append(p)
+            continue
+        chain = walk(files, p)
+        bad = chain_problem(chain, p)
+        if bad:
+            out.append(f"{p} -> {files.readlink(p)} ({bad[0].removeprefix(f'{p} is ')})")
+        elif chain.missing:
+            out.append(f"{p} -> {files.readlink(p)} ({chain.missing} does not exist)")
+    return out
+
+
 def check_root_path(
     files: NodeFiles, host: str, item: str, path: str, missing_fix: str, optional: str = ""
 ) -> tuple[Finding, Chain]:
@@ -434,6 +454,11 @@ class Expected:
     heartbeat_dir: str | None
     site_path: str
     image: str = ""  # the image's root directory, when an image is audited
+    #: Each partition's own PreemptMode ('' where it has none: the cluster's applies), as slurmctld
+    #: (or the image's slurm.conf) says; None where the partitions could not be listed.
+    partitions: tuple[tuple[str, str], ...] | None = None
+    #: The partitions the policy lets inject faults (None: any).
+    allowed_partitions: tuple[str, ...] | None = None
 
     @property
     def reinstall(self) -> str:
@@ -441,9 +466,15 @@ class Expected:
         return f"slurm-chaos plugin install --site {self.site_path}{into}"
 
 
-def expected(site: Site, config: ClusterConfig, image: str = "") -> Expected:
+def expected(
+    site: Site,
+    config: ClusterConfig,
+    image: str = "",
+    partitions: Mapping[str, str] | None = None,
+) -> Expected:
     """Where `plugin install` put each part for this site; Slurm's own word for slurm.conf and
-    plugstack.conf (what slurmctld and slurmstepd really read)."""
+    plugstack.conf (what slurmctld and slurmstepd really read); `partitions`: each one's own
+    PreemptMode."""
     from slurm_chaos.observe.healthcheck import site_options
 
     conf = config.slurm_conf or site.slurm.conf or str(slurm_etc(site) / "slurm.conf")
@@ -463,6 +494,8 @@ def expected(site: Site, config: ClusterConfig, image: str = "") -> Expected:
         heartbeat_dir=str(heartbeats) if heartbeats else None,
         site_path=str(site.path),
         image=image,
+        partitions=tuple(partitions.items()) if partitions is not None else None,
+        allowed_partitions=tuple(site.safety.allowed_partitions) or None,
     )
 
 
@@ -513,6 +546,58 @@ def settings_findings(exp: Expected) -> list[Finding]:
             out.append(
                 Finding(CONTROLLER, f"slurm.conf {key}", Status.UNSAFE, conf, f"{setting}: {why}", fix)
             )
+    return out
+
+
+def preemption_findings(exp: Expected, host: str = CONTROLLER) -> list[Finding]:
+    """Partitions the policy allows that preempt by suspension: a suspended job runs no epilog, so
+    the job that preempts it would get the node with the faults in place (the prolog refuses faults
+    there; the partition should not suspend, or not be the policy's)."""
+    c, item = exp.config, "slurm.conf PreemptMode"
+    allowed = exp.allowed_partitions
+    cluster = c.preempt_mode or "OFF"
+    if exp.partitions is None:
+        modes, scope = {"(every partition)": ""}, " (the partitions could not be listed: cluster-wide)"
+    else:
+        modes, scope = dict(exp.partitions), ""
+    bad = [
+        f"{name} (PreemptMode={mode or cluster})"
+        for name, mode in modes.items()
+        if (allowed is None or "*" in allowed or name in allowed)
+        and suspends(mode or cluster, c.preempt_type)
+    ]
+    if not bad:
+        settings = f"PreemptMode={cluster}, PreemptType={c.preempt_type or '(none)'}"
+        detail = f"{settings}: no partition the policy allows suspends jobs{scope}"
+        return [Finding(host, item, Status.OK, exp.slurm_conf, detail)]
+    detail = (
+        f"{', '.join(bad)} preempt by suspension{scope}: a suspended chaos job runs no epilog while the "
+        "job that preempts it gets the node with the faults in place (the prolog refuses faults there)"
+    )
+    fix = (
+        "set PreemptMode=REQUEUE or CANCEL on those partitions (PartitionName=... PreemptMode=REQUEUE) "
+        f"{_RESTART.format(conf=exp.slurm_conf)}, or leave them out of safety.allowed_partitions in "
+        f"{exp.site_path} and run {exp.reinstall}"
+    )
+    return [Finding(host, item, Status.UNSAFE, exp.slurm_conf, detail, fix)]
+
+
+def partition_modes(text: str) -> dict[str, str]:
+    """Each partition's own PreemptMode in slurm.conf's text ('' where it sets none; a
+    ``PartitionName=DEFAULT`` line's applies to the lines after it)."""
+    out: dict[str, str] = {}
+    default = ""
+    for line in text.splitlines():
+        words = dict(w.split("=", 1) for w in line.split("#", 1)[0].split() if "=" in w)
+        keys = {k.lower(): v for k, v in words.items()}
+        name = keys.get("partitionname")
+        if not name:
+            continue
+        mode = keys.get("preemptmode", default)
+        if name.upper() == "DEFAULT":
+            default = mode
+        else:
+            out[name] = mode
     return out
 
 
@@ -676,7 +761,7 @@ def _include_targets(files: NodeFiles, pattern: str) -> list[str]:
     if not any(c in pattern for c in "*?["):
         return [pattern]
     directory = str(PurePosixPath(pattern).parent)
-    return [directory, *files.unsafe_below(directory)]
+    return [directory, *files.unsafe_below(directory)]  # each judged, links by their whole chain
 
 
 # ------------------------------------------------------------------------------ hooks
@@ -796,7 +881,7 @@ def import_root_findings(files: NodeFiles, host: str, item: str, root: str, exp:
     found_package, _ = check_root_path(files, host, item, package, fix)
     if found_package.status is not Status.OK:
         return [found_package]
-    bad = files.unsafe_below(package + "/")  # the slash: into the package where it is a link
+    bad = untrusted_below(files, package + "/")  # the slash: into the package where it is a link
     if bad:
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         detail = f"not root's alone: {', '.join(bad[:3])}{more}"
@@ -904,6 +989,7 @@ def directory_findings(files: NodeFiles, host: str, exp: Expected) -> list[Findi
 def controller_findings(files: NodeFiles, exp: Expected) -> list[Finding]:
     return [
         *settings_findings(exp),
+        *preemption_findings(exp),
         *slurm_conf_findings(files, CONTROLLER, exp),
         *policy_findings(files, CONTROLLER, exp),
         *job_submit_findings(files, exp),
@@ -979,13 +1065,22 @@ def check_image(site_path: Path | str, root_dir: Path | str) -> Report:
     from slurm_chaos.sandbox.layout import site_placeholders
     from slurm_chaos.site import load_site
 
-    root = InstallRoot.at(root_dir)
+    root = InstallRoot.at(root_dir, trusted=False)
     site = load_site(site_path, site_placeholders)
     files = ImageFiles(root.path)
     conf = site.slurm.conf or str(slurm_etc(site) / "slurm.conf")
-    config = slurm_conf_settings(files.read(conf) or "", conf)
-    exp = expected(site, config, str(root.path))
-    return Report(tuple(node_findings(files, IMAGE, exp)))
+    text = files.read(conf) or ""
+    config = slurm_conf_settings(text, conf)
+    exp = expected(site, config, str(root.path), partition_modes(text))
+    why = root.untrusted()
+    tree = (
+        Finding(IMAGE, "image root", Status.UNSAFE, str(root.path), why, _ROOT_FIX.format(p=root.path))
+        if why
+        else Finding(
+            IMAGE, "image root", Status.OK, str(root.path), "root's all the way up, writable by nobody else"
+        )
+    )
+    return Report((tree, *preemption_findings(exp, IMAGE), *node_findings(files, IMAGE, exp)))
 
 
 def check_site(
@@ -999,6 +1094,11 @@ def check_site(
     site = load_site(site_path, site_placeholders)
     names = site_nodes(site, nodes)
     runner = runner or SubprocessRunner(base_env=site.slurm_env())
-    config = make_scheduler(site.slurm_env(), runner).cluster_config()
-    exp = expected(site, config)
+    scheduler = make_scheduler(site.slurm_env(), runner)
+    config = scheduler.cluster_config()
+    try:
+        partitions: dict[str, str] | None = {n: p.preempt_mode for n, p in scheduler.partitions().items()}
+    except SlurmError:
+        partitions = None  # judged by the cluster-wide mode, and said so
+    exp = expected(site, config, partitions=partitions)
     return audit(exp, LocalFiles(), {n: node_access(site, n, runner) for n in names})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ from slurm_chaos.experiment import Experiment, experiment_json, load_experiment,
 from slurm_chaos.faults.journal import Outcome
 from slurm_chaos.render import check_limits
 from slurm_chaos.resources import shipped
-from slurm_chaos.rundir import CONTROLLER_JOURNAL, read_manifest
+from slurm_chaos.rundir import CONTROLLER_JOURNAL, MANIFEST, read_manifest
 from slurm_chaos.runner import SubprocessRunner
 from slurm_chaos.sandbox.layout import site_placeholders
 from slurm_chaos.site import Site, load_site
@@ -203,6 +205,8 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
 
     site = load_site(site_path, site_placeholders)
     runner = SubprocessRunner(base_env=site.slurm_env())
+    if run_dir is not None:
+        refuse_untrusted_run_dir(run_dir)
     heartbeats = [Path(site.monitoring.heartbeat_dir)] if site.monitoring.heartbeat_dir else []
     done = cleanup(site_journal_root(site), nodes, runner, storage_roots=heartbeats)
     if run_dir is not None:
@@ -212,6 +216,38 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
         lines += controller.rollback(journal, conn.scheduler, conn.control, conn.clock)
         done += [Outcome(line) for line in lines]
     return done
+
+
+def refuse_untrusted_run_dir(run_dir: Path) -> None:
+    """UsageError unless the run directory, and the manifest and controller journal read from it,
+    belong to whoever runs this (or root) and nobody else may write them: ``cleanup --run`` cancels
+    the job ids and undoes the node actions it reads there, as root at that."""
+    for path in (run_dir, run_dir / MANIFEST, run_dir / CONTROLLER_JOURNAL):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # read_manifest names what is missing
+        except OSError as exc:
+            raise UsageError(f"--run: {path}: {exc.strerror}") from None
+        why = _untrusted(st, directory=path == run_dir)
+        if why:
+            raise UsageError(
+                f"--run: {path} {why}: refused (cleanup --run cancels the jobs and undoes the node "
+                "actions it reads there)"
+            )
+
+
+def _untrusted(st: os.stat_result, directory: bool) -> str | None:
+    me = os.geteuid()
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+        return "is not a directory" if directory else "is not a regular file"
+    if st.st_uid not in (me, 0):
+        return f"is owned by uid {st.st_uid}, neither yours ({me}) nor root's"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def cancel_run_jobs(run_dir: Path, scheduler: Scheduler) -> list[str]:

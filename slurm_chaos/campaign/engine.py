@@ -22,6 +22,7 @@ fakes in unit tests. The time spent in each stage goes to the manifest's `timing
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ from types import FrameType
 from slurm_chaos import rundir
 from slurm_chaos.campaign import controller
 from slurm_chaos.campaign import hold as held
+from slurm_chaos.campaign.decide import JobView, decide
 from slurm_chaos.campaign.observe import Watcher
 from slurm_chaos.campaign.progress import Progress
 from slurm_chaos.campaign.remediation import CHECKS, CheckInput, expected_signal
@@ -65,6 +67,7 @@ from slurm_chaos.rundir import (
 from slurm_chaos.site import Site
 from slurm_chaos.slurm.backend import Scheduler
 from slurm_chaos.slurm.model import JobInfo, JobState
+from slurm_chaos.slurm.parse import parse_time_limit
 
 log = logging.getLogger(__name__)
 
@@ -307,23 +310,6 @@ def _updated(job: SubmittedJob, info: JobInfo, now: float) -> SubmittedJob:
     )
 
 
-def _limit_s(text: str) -> float:
-    days, _, hms = text.rpartition("-")
-    parts = [int(p) for p in hms.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
-
-
-def _due(camp: Campaign, fault: TimedFault, job: SubmittedJob, job_dir: Path | None) -> bool:
-    if job.started is None:
-        return False
-    if fault.at_step is not None:
-        step = camp.probe_step(job_dir) if job_dir is not None else None
-        return step is not None and step >= fault.at_step
-    return camp.clock.time() - job.started >= fault.after_s
-
-
 def watch(
     camp: Campaign,
     job: SubmittedJob,
@@ -336,7 +322,8 @@ def watch(
 ) -> Watched:
     """Poll until the job's run ends (a requeue starts another); inject each fault when it is due,
     and release a held job (``hold``: what it waits for) once that was seen or is overdue, or its
-    fault took on none of its nodes.
+    fault took on none of its nodes. What to do at each tick is `campaign.decide`'s; this loop
+    gathers the facts and carries the decision out.
 
     Each tick asks Slurm once about the job (and the watcher once about its nodes); the wait between
     ticks grows while nothing changes, and stays short while a fault waits for the job to start
@@ -344,54 +331,87 @@ def watch(
     """
     pending = list(faults)
     injections: list[Injection] = []
-    released = hold is None or job_dir is None
-    limit = _limit_s(camp.site.slurm.time_limit) + JOB_GRACE_S
-    t0 = camp.clock.monotonic()
+    holding = hold if job_dir is not None else None
+    # Slurm's own limit plus grace: the campaign never cancels a job Slurm would still run.
+    job_limit = parse_time_limit(camp.site.slurm.time_limit)
+    limit = math.inf if job_limit is None else job_limit + JOB_GRACE_S
+    limit_reason = f" (the site's slurm.time_limit {camp.site.slurm.time_limit!r} plus {JOB_GRACE_S:.0f} s)"
+    t0 = camp.clock.monotonic()  # the current run's start (before the first: when watching began)
     backoff = Backoff()
     last: tuple[object, ...] = ()
     while True:
         info = watcher.tick() if watcher else camp.scheduler.poll([job.job_id]).get(job.job_id)
         if info is not None:
+            started_again = job.state != JobState.RUNNING or info.restarts != job.restarts
+            if info.state == JobState.RUNNING and started_again:
+                t0 = camp.clock.monotonic()
             job = _updated(job, info, camp.clock.time())
             camp.manifest.put_job(job)
             camp.progress.job(title, job.job_id, info.state, job.started)
-            while pending and exp is not None and _due(camp, pending[0], job, job_dir):
-                injections.append(inject(camp, exp, pending.pop(0), job))
-            if not released and not pending and job.started is not None:
-                assert hold is not None and job_dir is not None
-                start = injections[0].at if faults else job.started
-                observed = tuple(watcher.observations) if watcher else ()
-                nowhere = held.injected_nowhere(hold, job_dir, job.nodes)
-                if nowhere or held.release_due(hold.expectation, start, observed, camp.clock.time()):
-                    why = f": {nowhere}" if nowhere else ""
-                    log.info("%s: released job %s (%s)%s", title, job.job_id, held.release(job_dir), why)
-                    released = True
-            if info.state.is_terminal and info.state != JobState.REQUEUED:
-                camp.active.discard(job.job_id)
-                camp.save()
-                camp.progress.done(title, job.job_id, info.state)
-                seen = watcher.nodes_seen if watcher else set()
-                return Watched(
-                    job,
-                    info,
-                    tuple(injections),
-                    tuple(watcher.observations) if watcher else (),
-                    tuple(sorted(seen | set(job.nodes))),
-                )
-            now = (info.state, info.restarts, info.nodes, len(watcher.observations) if watcher else 0)
+        observed = tuple(watcher.observations) if watcher else ()
+        view = _view(camp, job, info, pending, injections, holding, job_dir, observed, t0, limit)
+        decision = decide(view, limit_reason)
+        if exp is not None:
+            injections.extend(inject(camp, exp, fault, job) for fault in pending[: decision.inject])
+            del pending[: decision.inject]
+        if decision.release is not None and job_dir is not None:
+            why = f": {decision.release}" if decision.release else ""
+            log.info("%s: released job %s (%s)%s", title, job.job_id, held.release(job_dir), why)
+            holding = None
+        if decision.done and info is not None:
+            camp.active.discard(job.job_id)
+            camp.save()
+            camp.progress.done(title, job.job_id, info.state)
+            seen = watcher.nodes_seen if watcher else set()
+            return Watched(job, info, tuple(injections), observed, tuple(sorted(seen | set(job.nodes))))
+        if info is not None:
+            now = (info.state, info.restarts, info.nodes, len(observed))
             if now != last:
                 backoff.reset()
                 last = now
-        if camp.clock.monotonic() - t0 > limit:
+        if decision.cancel is not None:
             camp.scheduler.cancel([job.job_id])
-            raise ChaosError(f"job {job.job_id} ({title}) did not finish within {limit:.0f} s; cancelled")
-        if pending and (job.started is None or pending[0].at_step is not None):
-            # A fault falls due so long after the job starts, or at a step: see either soon.
+            raise ChaosError(f"job {job.job_id} ({title}) {decision.cancel}")
+        if decision.hurry:
             backoff.reset()
         wait = backoff.interval()
-        if pending and job.started is not None and pending[0].at_step is None:
-            wait = min(wait, max(0.0, job.started + pending[0].after_s - camp.clock.time()))
+        if decision.wake_at is not None:
+            wait = min(wait, max(0.0, decision.wake_at - camp.clock.time()))
         camp.clock.sleep(wait)
+
+
+def _view(
+    camp: Campaign,
+    job: SubmittedJob,
+    info: JobInfo | None,
+    pending: list[TimedFault],
+    injections: list[Injection],
+    hold: held.Hold | None,
+    job_dir: Path | None,
+    observed: tuple[Observation, ...],
+    t0: float,
+    limit: float,
+) -> JobView:
+    """The tick's facts: files are read only where a rule may need them (a step, a held job's records)."""
+    step = None
+    if job.started is not None and job_dir is not None and any(f.at_step is not None for f in pending):
+        step = camp.probe_step(job_dir)
+    nowhere = ""
+    if hold is not None and job_dir is not None and job.started is not None and not pending:
+        nowhere = held.injected_nowhere(hold, job_dir, job.nodes)
+    return JobView(
+        state=info.state if info is not None else None,
+        started=job.started,
+        now=camp.clock.time(),
+        run_s=camp.clock.monotonic() - t0,
+        limit_s=limit,
+        pending=tuple(pending),
+        probe_step=step,
+        hold=hold,
+        fault_start=injections[0].at if injections else job.started,
+        observed=observed,
+        nowhere=nowhere,
+    )
 
 
 # ------------------------------------------------------------------ roll back

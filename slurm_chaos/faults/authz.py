@@ -11,7 +11,10 @@ their own plugstack.conf): a user can set ``SPANK_SLURM_CHAOS_SPEC`` for any job
 - The job's uid and user come from slurmd (``SLURM_JOB_UID``, ``SLURM_JOB_USER``); account,
   partition, reservation, oversubscription, array and het membership and node count from
   slurmctld (:meth:`Scheduler.job_record`).
-- The rules come from the root-owned policy file (:mod:`slurm_chaos.faults.policy`).
+- The rules come from the root-owned policy file (:mod:`slurm_chaos.faults.policy`); besides,
+  no job gets faults in a partition that preempts by suspension (PreemptMode SUSPEND or GANG, the
+  partition's own or the cluster's, as slurmctld reports them): a suspended job runs no epilog
+  while the job that preempts it gets the node, faults and all.
 
 Each decision on a job with a SPEC is appended to the root-owned audit log, and written to the
 job's grant file on this node, ``<journal root>/<node>/<job>.grant``, for the SPANK plugin: in
@@ -19,9 +22,11 @@ slurmstepd it applies task-level faults only to the SPEC the prolog granted (``p
 
 A grant holds for one run of one job: the prolog removes any grant of its job id before it
 decides (a job id slurmctld hands out again after its state was reset finds none), the epilog
-removes it, and it records the job's submit time and an ``until`` time (the job's end by its
-time limit, or the hooks' bounded default) after which the plugin refuses it and cleanup
-removes it.
+removes it, and it records an ``until`` time (the job's end by its time limit, or the hooks'
+bounded default) after which the plugin refuses it and cleanup removes it. (Grants once carried
+the job's submit time too, which nothing checked: slurmstepd has no submit time of its own to
+compare it with, and the prolog's removal and ``until`` already bind a grant to one run. It is no
+longer written; the plugin still parses it in grants written before.)
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from slurm_chaos.faults.policy import JobFacts, load_policy, refusal, user_refusal
+from slurm_chaos.faults.policy import JobFacts, load_policy, preemption_refusal, refusal, user_refusal
 from slurm_chaos.faults.spec import SpecError, canonical_spec
 from slurm_chaos.slurm.backend import Scheduler
 
@@ -58,8 +63,7 @@ class Decision:
     refused: str | None = None
     #: The one interface netem may shape (the policy's job_interface).
     job_interface: str | None = None
-    #: The job's submit time and the end its time limit sets (epoch seconds; None: not known).
-    submit: float | None = None
+    #: The end the job's time limit sets (epoch seconds; None: not known).
     end: float | None = None
 
     @property
@@ -120,7 +124,6 @@ def decide(
         facts,
         record.nodes,
         job_interface=policy.job_interface,
-        submit=record.submit_time.timestamp() if record.submit_time else None,
         end=record.end_time.timestamp() if record.end_time else None,
     )
     if record.user_id != who.uid:
@@ -129,8 +132,21 @@ def decide(
         decision = replace(decision, spec=canonical_spec(spec))
     except SpecError as exc:
         return _refuse(decision, str(exc))
-    why = refusal(policy, facts)
+    why = refusal(policy, facts) or preemption_refusal(
+        facts.partition, *preempt_mode(scheduler, facts.partition)
+    )
     return _refuse(decision, why) if why else decision
+
+
+def preempt_mode(scheduler: Scheduler, partition: str | None) -> tuple[str | None, str]:
+    """(the partition's PreemptMode, the cluster's PreemptType) as slurmctld reports them: the
+    partition's own mode, else the cluster's; None for a partition slurmctld does not know.
+    SlurmError when it does not answer."""
+    config = scheduler.cluster_config()
+    part = scheduler.partitions().get(partition or "")
+    if part is None:
+        return None, config.preempt_type
+    return part.preempt_mode or config.preempt_mode or "OFF", config.preempt_type
 
 
 def _refuse(decision: Decision, why: str) -> Decision:
@@ -199,7 +215,6 @@ def grant_text(decision: Decision, until: float) -> str:
         "het": flag(f.het),
         "nodes": "" if f.nodes is None else str(f.nodes),
         "spec": decision.spec,
-        "submit": epoch(decision.submit),
         "until": epoch(until),
     }
     if decision.refused:

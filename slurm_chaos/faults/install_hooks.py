@@ -3,11 +3,13 @@
 The site's dispatchers (``Prolog=<etc>/prolog`` running every executable of ``<etc>/prolog.d/``,
 and the same for the epilog) run ``prolog.d/50-slurm-chaos`` and ``epilog.d/50-slurm-chaos``.
 Each hook is a few lines of shell run as root in slurmd's environment: it starts from ``/`` with
-a fixed PATH and absolute tool paths, returns at once when the job cannot be granted anything
-(the prolog: no policy file, or a user the policy does not name; the epilog: no journal and no
-grant file), else runs the Python hook isolated (``python -I``: no PYTHON* variables, neither the
-current directory nor user site-packages on sys.path) and bounded by ``timeout``. It exits 0
-whatever happens.
+a fixed PATH and absolute tool paths, returns at once when there is nothing to do (the node holds
+nothing of slurm-chaos newer than its last tidy state, and the prolog's job cannot be granted
+anything: no policy file, or a user the policy does not name; the epilog's job has no journal and
+no grant file), else runs the Python hook isolated (``python -I``: no PYTHON* variables, neither
+the current directory nor user site-packages on sys.path) and bounded by ``timeout``. It exits 0
+unless an undo was left undone (:mod:`slurm_chaos.faults.hooks`): then 1, with the node drained
+(``slurm-chaos: undo failed: ...``), so that a node still holding a fault leaves service.
 
 The Python code the hooks run as root is the installer's own (its import root), so that
 directory and every directory above it must be root's and writable by nobody else. Into a node
@@ -30,6 +32,7 @@ from slurm_chaos.errors import ConfigError
 from slurm_chaos.faults.agent import DEFAULT_DEADLINE_S
 from slurm_chaos.faults.authz import DEFAULT_AUDIT_LOG, GRANT_SUFFIX
 from slurm_chaos.faults.cleanup import TIDY_NAME
+from slurm_chaos.faults.hooks import EXIT_UNDO_FAILED, UNDO_FAILED
 from slurm_chaos.faults.install_root import LIVE, InstallRoot
 from slurm_chaos.faults.journal import DEFAULT_ROOT
 from slurm_chaos.faults.policy import POLICY_NAME
@@ -42,46 +45,74 @@ DEFAULT_LOG = Path("/var/log/slurm-chaos/agent.log")
 DEFAULT_TIMEOUT_S = 45
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
-# The prolog's shortcut (a few microseconds of shell for most jobs): Python runs only when a
-# root-owned policy exists and names the job's user (or uid, or "*"), or the job is root's.
-# SLURM_JOB_UID and SLURM_JOB_USER come from slurmd. The Python side decides; this only skips.
-# The epilog's: Python runs for the job's own journal or grant, and for any job while the node
-# holds a journal or grant newer than its last tidy state (cleanup.TIDY_NAME), so that stale
-# leftovers are reverted in the epilog of whatever job runs next, not only of a chaos job.
-_GUARD = {
-    "prolog": """[ -f {policy} ] && [ -O {policy} ] || exit 0
-if [ "${{SLURM_JOB_UID:-x}}" != 0 ]; then
-  grep -qF -e "\\"${{SLURM_JOB_USER:-/}}\\"" -e "\\"${{SLURM_JOB_UID:-/}}\\"" -e '"*"' {policy} || exit 0
-fi""",
-    "epilog": r"""case "${{SLURM_JOB_ID:-x}}" in *[!0-9]*|"") exit 0 ;; esac
+# The hooks' shortcut (a few microseconds of shell for most jobs). SLURM_JOB_UID, SLURM_JOB_USER,
+# SLURM_JOB_ID and SLURMD_NODENAME come from slurmd. The Python side decides; this only skips.
+# Both run Python while the node holds a journal or grant newer than its last tidy state
+# (cleanup.TIDY_NAME; or it was never tidied), so that stale leftovers are reverted in the prolog
+# and epilog of whatever job runs next, not only of a chaos job. Besides, the prolog runs Python
+# for a job whose user a root-owned policy may name (or "*", or root's job), else only to tidy
+# (--tidy-only); the epilog for the job's own journal or grant.
+_TIDY = r"""case "${{SLURM_JOB_ID:-x}}" in *[!0-9]*|"") exit 0 ;; esac
 node_dir={journal_root}/"${{SLURMD_NODENAME:-none}}"
-[ -d "$node_dir" ] || exit 0
 own="$node_dir/$SLURM_JOB_ID"
-if [ ! -e "$own.jsonl" ] && [ ! -e "$own{grant}" ] && [ -e "$node_dir/{tidy}" ]; then
-  newer=$({find_bin} "$node_dir" -maxdepth 1 -newer "$node_dir/{tidy}" \
-    \( -name '*.jsonl' -o -name '*{grant}' \) -print -quit)
-  [ -n "$newer" ] || exit 0
-fi""",
+stale=
+if [ -d "$node_dir" ]; then
+  if [ ! -e "$node_dir/{tidy}" ] || [ -n "$({find_bin} "$node_dir" -maxdepth 1 -newer "$node_dir/{tidy}" \
+    \( -name '*.jsonl' -o -name '*{grant}' \) -print -quit)" ]; then stale=1; fi
+fi"""
+_GUARD = {
+    "prolog": _TIDY
+    + """
+tidy_only=
+if [ ! -f {policy} ] || [ ! -O {policy} ]; then
+  tidy_only=--tidy-only
+elif [ "${{SLURM_JOB_UID:-x}}" != 0 ]; then
+  grep -qF -e "\\"${{SLURM_JOB_USER:-/}}\\"" -e "\\"${{SLURM_JOB_UID:-/}}\\"" -e '"*"' {policy} ||
+    tidy_only=--tidy-only
+fi
+[ -z "$tidy_only" ] || [ -n "$stale" ] || exit 0""",
+    "epilog": _TIDY
+    + """
+tidy_only=
+[ -e "$own.jsonl" ] || [ -e "$own{grant}" ] || [ -n "$stale" ] || exit 0""",
 }
 
+# Exit status: 0, except where the Python hook left an undo undone (it drained the node and said
+# why) or the epilog of a job with a journal ran out of time (its undo may not have finished):
+# then 1, so that slurmd reports the hook failed. Any other failure of the hook's own exits 0.
 _TEMPLATE = """#!/bin/sh
 # slurm-chaos {kind} hook, written by slurm_chaos.faults.install_hooks: {what}
-# Time-bounded, idempotent, and it exits 0 whatever happens: its own failure never drains the node.
+# Time-bounded and idempotent. It fails (and the node is drained) only when an undo is left undone:
+# its own failure otherwise never drains the node.
 cd / || exit 0
 PATH={path}
 export PATH
 {guard}
-{timeout_bin} -k 5 {timeout} {python} -I -c {bootstrap} {kind} \\
+{timeout_bin} -k 5 {timeout} {python} -I -c {bootstrap} {kind} $tidy_only \\
   --journal-root {journal_root} --log-file {log_file} --deadline {deadline} \\
   --policy {policy} --audit-log {audit_log}{roots_arg}
 rc=$?
-if [ "$rc" -ne 0 ]; then
-  msg="slurm-chaos: {kind} hook exited $rc for job ${{SLURM_JOB_ID:-?}} on ${{SLURMD_NODENAME:-?}}"
-  echo "$msg" >&2
-  echo "$msg" >> {log_file} 2>/dev/null
-fi
+[ "$rc" -eq 0 ] && exit 0
+[ "$rc" -eq {undo_failed_rc} ] && exit 1
+{timed_out}msg="slurm-chaos: {kind} hook exited $rc for job ${{SLURM_JOB_ID:-?}} on ${{SLURMD_NODENAME:-?}}"
+echo "$msg" >&2
+echo "$msg" >> {log_file} 2>/dev/null
 exit 0
 """
+
+# The epilog of a job with a journal that `timeout` stopped (124, or 137 after -k): its undo may
+# not have finished, so the node is drained as for a failed undo.
+_TIMED_OUT = {
+    "prolog": "",
+    "epilog": """if {{ [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }} && [ -e "$own.jsonl" ]; then
+  msg="{undo_failed}: the epilog hook ran out of time ({timeout}s, exit $rc) for job $SLURM_JOB_ID"
+  echo "$msg" >&2
+  echo "$msg" >> {log_file} 2>/dev/null
+  {scontrol_bin} update NodeName="${{SLURMD_NODENAME:-?}}" State=DRAIN Reason="$msg" >/dev/null 2>&1
+  exit 1
+fi
+""",
+}
 
 _WHAT = {
     "prolog": "authorises the job from trusted facts, then applies its node-level faults.",
@@ -122,6 +153,13 @@ def render_hook(
             find_bin=q(shutil.which("find", path=SYSTEM_PATH) or "/usr/bin/find"),
         ),
         timeout_bin=q(shutil.which("timeout", path=SYSTEM_PATH) or "/usr/bin/timeout"),
+        timed_out=_TIMED_OUT[kind].format(
+            undo_failed=UNDO_FAILED,
+            timeout=int(timeout_s),
+            log_file=q(str(log_file)),
+            scontrol_bin=q(shutil.which("scontrol", path=SYSTEM_PATH) or "/usr/bin/scontrol"),
+        ),
+        undo_failed_rc=EXIT_UNDO_FAILED,
         timeout=int(timeout_s),
         python=q(python),
         bootstrap=q(_BOOTSTRAP.format(root=str(code_root or import_root()))),
@@ -226,9 +264,6 @@ def install_hooks(
     written = []
     for kind in ("prolog", "epilog"):
         path = hooks_dir / f"{kind}.d" / HOOK_NAME
-        where = root.parent_made(path)
-        tmp = where.parent / f".{HOOK_NAME}.tmp"  # the dispatchers skip dotfiles
-        tmp.unlink(missing_ok=True)
         text = render_hook(
             kind,
             python,
@@ -241,9 +276,8 @@ def install_hooks(
             ckpt_roots,
             node_code_root(root),
         )
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        tmp.rename(where)  # atomic: slurmd never runs a half-written hook
+        # Atomic, under a dotfile name the dispatchers skip: slurmd never runs a half-written hook.
+        root.write(path, text.encode(), mode=0o755)
         written.append(path)
     root.made(journal_root)
     return written

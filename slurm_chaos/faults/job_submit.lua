@@ -16,6 +16,8 @@ decision runs under pcall and an error refuses the job.
 ]]
 
 local POLICY_PATH = "@POLICY_PATH@"
+-- slurm.conf beside the policy (plugin install writes the policy there): its PreemptMode lines.
+local SLURM_CONF = POLICY_PATH:match("^(.*)/[^/]*$") .. "/slurm.conf"
 local MARK = "slurm-chaos="
 local MAX_POLICY_BYTES = 16384
 local MAX_ENTRIES = 64
@@ -120,6 +122,51 @@ local function requested_spec(job_desc)
 	return found[1] or found[2] or found[3]
 end
 
+-- Partitions that may suspend a running job (PreemptMode SUSPEND under a preemption plugin, or
+-- GANG): a suspended job runs no epilog, and the job that preempts it gets the node with the faults
+-- in place. Read from slurm.conf itself: job_submit/lua's partition records carry no PreemptMode.
+-- What the file does not say here (an Include, a change since) the prolog decides from slurmctld.
+local function suspends(mode, preempt_type)
+	local words = {}
+	for word in (mode or ""):upper():gmatch("[^,%s]+") do words[word] = true end
+	if words.GANG then return true end
+	return words.SUSPEND == true and (preempt_type or ""):lower() ~= "preempt/none"
+end
+
+local function preempt_modes()
+	local fh = io.open(SLURM_CONF, "r")
+	if not fh then return nil end
+	local parts, cluster, preempt_type, default = {}, "OFF", "", nil
+	for line in fh:lines() do
+		local keys = {}
+		for key, value in (line:gsub("#.*", "")):gmatch("(%w+)=(%S+)") do keys[key:lower()] = value end
+		local name = keys.partitionname
+		if name and name:upper() == "DEFAULT" then
+			default = keys.preemptmode or default
+		elseif name then
+			parts[name] = keys.preemptmode or default or false
+		else
+			cluster = keys.preemptmode or cluster
+			preempt_type = keys.preempttype or preempt_type
+		end
+	end
+	fh:close()
+	return parts, cluster, preempt_type
+end
+
+local function preemption_refusal(partitions)
+	local modes, cluster, preempt_type = preempt_modes()
+	if modes == nil then return nil end
+	for _, name in ipairs(partitions) do
+		local mode = modes[name] or cluster
+		if suspends(mode, preempt_type) then
+			return string.format("partition '%s' preempts by suspension (PreemptMode=%s): a suspended job runs "
+				.. "no epilog, and the job that preempts it would get the node with the faults in place", name, mode)
+		end
+	end
+	return nil
+end
+
 local function listed(names, value)
 	if value == nil or value == "" then return false end
 	for _, name in ipairs(names) do
@@ -190,7 +237,7 @@ local function refusal(policy, job_desc, part_list)
 	if policy.max_nodes and job_desc.min_nodes < NO_VAL and job_desc.min_nodes > policy.max_nodes then
 		return string.format("the job asks for %d nodes (max_nodes %d)", job_desc.min_nodes, policy.max_nodes)
 	end
-	return nil
+	return preemption_refusal(partitions)
 end
 
 local function decide(job_desc, part_list)

@@ -8,14 +8,19 @@ caps really slow the GPU; the undo resets the clocks or restores the previous li
 without GPUs (or without DCGM) the fault says so in the log and changes nothing it cannot.
 
 Each GPU fault records on every node whether its injection took (``faults/injection.py``): a DCGM
-field is read back with ``dcgmi dmon`` after it is injected, a power cap with nvidia-smi (NVML);
+field is read back with ``dcgmi dmon`` after it is injected, a power cap with nvidia-smi (NVML),
+a clock lock by the SM clock under load (``gpu/readback.py``: the prolog's GPU is idle, so the
+agent reads it again until the job's load shows it, or shows the clock above the lock);
 where there was nowhere to inject (no GPU of the job's, no dcgmi, no host engine, no nvidia-smi)
 the record says what was missing, and the verdict is NO EFFECT rather than a blind spot.
 
-Every GPU fault acts only on the job's own GPUs: ``gpu=N`` must be one of the indices slurmd gave
+Every GPU fault acts only on the job's own GPUs: ``gpu=N`` must be one of the numbers slurmd gave
 the job on this node (``SLURM_JOB_GPUS`` in the prolog's environment, which slurmd sets and the
 job cannot; never ``CUDA_VISIBLE_DEVICES``, which is the user's), and the noisy neighbour's GPU
-burn runs on those GPUs only.
+burn runs on those GPUs only. Slurm's number is the GPU's device minor, not NVML's or DCGM's
+index: each is found through the GPU's bus id (``gpu/numbering.py``), and a number that does not
+resolve is refused. On a node with a GPU in MIG mode no GPU fault is injected (``gpu/readback.py``
+says why).
 """
 
 from __future__ import annotations
@@ -28,18 +33,24 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults.choices import EccKind, ThrottleMethod, XidMethod
 from slurm_chaos.faults.injection import report
 from slurm_chaos.faults.journal import Undo
-from slurm_chaos.faults.node_base import ApplyFn, Controller, JobContext, applies, check, choice, num
+from slurm_chaos.faults.node_base import ApplyFn, Controller, JobContext, applies, check, choice, log, num
 from slurm_chaos.faults.spec import FaultRequest
+from slurm_chaos.gpu import numbering, nvsmi, readback
+from slurm_chaos.gpu.numbering import GpuAddress
 from slurm_chaos.resources import isolated_python
 from slurm_chaos.runner import Runner
 
 KMSG = Path("/dev/kmsg")
+PROC_GPUS = numbering.PROC_GPUS
+#: How often the agent reads a locked GPU's clock until the job's load shows the lock.
+CLOCK_READ_EVERY_S = 5.0
 
 #: DCGM field ids (dcgm_fields.h).
 FIELD_XID = 230
@@ -87,17 +98,49 @@ def job_gpu(req: FaultRequest, ctx: JobContext) -> int:
     return gpu
 
 
-def pci_bus_id(runner: Runner, gpu: int) -> str:
-    """The GPU's PCI bus id as NVRM prints it (0000:3b:00); made up from the index without GPUs."""
-    if shutil.which("nvidia-smi"):
-        res = runner(
-            ["nvidia-smi", "-i", str(gpu), "--query-gpu=pci.bus_id", "--format=csv,noheader"], timeout=10
+def node_readings(runner: Runner) -> tuple[nvsmi.GpuReading, ...] | None:
+    """Every GPU of the node as NVML sees it (one nvidia-smi call); None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    res = runner(nvsmi.reading_argv(), timeout=15)
+    check(res.ok, "nvidia-smi --query-gpu", res.stderr or res.stdout)
+    return nvsmi.readings(res.stdout)
+
+
+def refuse_mig(name: str, gpus: Sequence[nvsmi.GpuReading] | None) -> None:
+    """ChaosError on a node where a GPU is in MIG mode (``readback.mig_refusal`` says why)."""
+    for gpu in gpus or ():
+        why = readback.mig_refusal(gpu)
+        if why:
+            raise ChaosError(f"{name}: {why}")
+
+
+def locate(
+    name: str,
+    slurm: int,
+    nvml: Sequence[nvsmi.GpuReading] | None = None,
+    dcgm: dict[str, int] | None = None,
+) -> GpuAddress:
+    """Slurm's GPU ``slurm`` under NVML's and DCGM's numbers, through the driver's bus ids."""
+    driver = numbering.read_driver(PROC_GPUS)
+    if driver is None:
+        raise ChaosError(
+            f"{name}: no NVIDIA driver on this node ({PROC_GPUS} absent): cannot tell which GPU is "
+            f"Slurm's GPU {slurm}"
         )
-        if res.ok and res.stdout.strip():
-            # nvidia-smi prints 00000000:3B:00.0; NVRM prints 0000:3b:00.
-            domain, bus, dev = res.stdout.strip().split(":")[:3]
-            return f"{domain[-4:]}:{bus}:{dev.split('.')[0]}".lower()
-    return f"0000:{0x18 + gpu:02x}:00"
+    try:
+        return numbering.address(slurm, driver, nvml, dcgm)
+    except numbering.NumberingError as exc:
+        raise ChaosError(f"{name}: {exc}") from exc
+
+
+def xid_bus_id(slurm: int) -> str:
+    """The GPU's bus id as NVRM prints it (0000:3b:00), from the driver; made up from Slurm's number
+    on a node without the NVIDIA driver (a test cluster's fake GPUs)."""
+    driver = numbering.read_driver(PROC_GPUS)
+    if driver is None:
+        return f"0000:{0x18 + slurm:02x}:00"
+    return nvsmi.nvrm_bus_id(numbering.address(slurm, driver).bus_id)
 
 
 def xid_line(bus: str, xid: int, node: str, job_id: str) -> str:
@@ -107,15 +150,15 @@ def xid_line(bus: str, xid: int, node: str, job_id: str) -> str:
     return f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=slurm-chaos, {what} {tag}"
 
 
-def dcgm_missing(runner: Runner, node: str) -> str | None:
-    """What keeps DCGM from taking an injection on this node, in words; None when it can."""
+def dcgm_gpus(runner: Runner, node: str) -> tuple[dict[str, int], str]:
+    """DCGM's GPU ids by bus id, and what keeps DCGM from taking an injection ("" when it can)."""
     if shutil.which("dcgmi") is None:
-        return f"no DCGM host engine on {node} (dcgmi not found)"
+        return {}, f"no DCGM host engine on {node} (dcgmi not found)"
     res = runner(["dcgmi", "discovery", "-l"], timeout=15)
     if not res.ok:
         why = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no answer"]
-        return f"no DCGM host engine on {node} (dcgmi discovery -l: {why[0][:200]})"
-    return None
+        return {}, f"no DCGM host engine on {node} (dcgmi discovery -l: {why[0][:200]})"
+    return numbering.parse_dcgm_discovery(res.stdout), ""
 
 
 def dcgm_inject_argv(gpu: int, field: int, value: float | int) -> list[str]:
@@ -157,9 +200,10 @@ def _inject(req: FaultRequest, ctx: JobContext, gpu: int, field: int, value: flo
 
 
 def _inject_checked(
-    req: FaultRequest, ctx: JobContext, gpu: int, fields: Sequence[tuple[int, float, float]]
+    req: FaultRequest, ctx: JobContext, where: GpuAddress, fields: Sequence[tuple[int, float, float]]
 ) -> None:
     """Inject each (field, value, healthy value), then read each back and record whether it took."""
+    gpu = where.dcgm if where.dcgm is not None else where.slurm
     for field, value, healthy in fields:
         _inject(req, ctx, gpu, field, value, healthy)
     results = []
@@ -168,12 +212,22 @@ def _inject_checked(
         got = parse_dmon(res.stdout, gpu) if res.ok else None
         results.append(read_back(value, got, f"DCGM field {field} of GPU {gpu}"))
     took = all(ok for ok, _ in results)
-    report(ctx, req.name, took, f"{req.name} on {ctx.node}: " + "; ".join(words for _, words in results))
+    words = "; ".join(words for _, words in results)
+    report(ctx, req.name, took, f"{req.name} on {ctx.node} ({where.describe()}): {words}")
 
 
 def _no_dcgm(req: FaultRequest, ctx: JobContext, missing: str) -> list[Controller]:
     report(ctx, req.name, False, f"{req.name}: {missing}: nothing was injected")
     return []
+
+
+def _dcgm_target(req: FaultRequest, ctx: JobContext, slurm: int) -> GpuAddress | str:
+    """The job's GPU under DCGM's id, or what keeps DCGM from taking an injection."""
+    ids, missing = dcgm_gpus(ctx.runner, ctx.node)
+    if missing:
+        return missing
+    refuse_mig(req.name, node_readings(ctx.runner))
+    return locate(req.name, slurm, dcgm=ids)
 
 
 def recorded(fn: ApplyFn) -> ApplyFn:
@@ -195,7 +249,13 @@ def recorded(fn: ApplyFn) -> ApplyFn:
 def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     gpu, xid, method = job_gpu(req, ctx), int(num(req, "xid")), choice(req, "method", XidMethod)
     if method in (XidMethod.KMSG, XidMethod.BOTH):
-        line = xid_line(pci_bus_id(ctx.runner, gpu), xid, ctx.node, ctx.job_id)
+        gpus = node_readings(ctx.runner)
+        refuse_mig(req.name, gpus)
+        try:  # where NVML shows GPUs, the driver must name the job's: no made-up bus id then
+            bus = nvsmi.nvrm_bus_id(locate(req.name, gpu).bus_id) if gpus else xid_bus_id(gpu)
+        except numbering.NumberingError as exc:
+            raise ChaosError(f"{req.name}: {exc}") from exc
+        line = xid_line(bus, xid, ctx.node, ctx.job_id)
         ctx.journal.record(
             req.name,
             f"write to {KMSG}: {line}",
@@ -208,49 +268,96 @@ def apply_gpu_xid(req: FaultRequest, ctx: JobContext) -> list[Controller]:
             raise ChaosError(f"gpu-xid: cannot write {KMSG}: {exc}") from exc
         report(ctx, req.name, True, f"gpu-xid on {ctx.node}: XID {xid} written to {KMSG}")
     if method in (XidMethod.DCGM, XidMethod.BOTH):
-        missing = dcgm_missing(ctx.runner, ctx.node)
-        if missing:
-            return _no_dcgm(req, ctx, missing)
-        _inject_checked(req, ctx, gpu, [(FIELD_XID, xid, 0)])
+        where = _dcgm_target(req, ctx, gpu)
+        if isinstance(where, str):
+            return _no_dcgm(req, ctx, where)
+        _inject_checked(req, ctx, where, [(FIELD_XID, xid, 0)])
     return []
 
 
 @applies("gpu-ecc")
 @recorded
 def apply_gpu_ecc(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu = job_gpu(req, ctx)
-    missing = dcgm_missing(ctx.runner, ctx.node)
-    if missing:
-        return _no_dcgm(req, ctx, missing)
+    where = _dcgm_target(req, ctx, job_gpu(req, ctx))
+    if isinstance(where, str):
+        return _no_dcgm(req, ctx, where)
     field = FIELD_DBE_VOLATILE if choice(req, "kind", EccKind) is EccKind.DBE else FIELD_SBE_VOLATILE
-    _inject_checked(req, ctx, gpu, [(field, int(num(req, "count")), 0)])
+    _inject_checked(req, ctx, where, [(field, int(num(req, "count")), 0)])
     return []
 
 
 @applies("gpu-thermal")
 @recorded
 def apply_gpu_thermal(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu = job_gpu(req, ctx)
-    missing = dcgm_missing(ctx.runner, ctx.node)
-    if missing:
-        return _no_dcgm(req, ctx, missing)
-    _inject_checked(req, ctx, gpu, [(FIELD_TEMP, num(req, "temp"), 40), (FIELD_THERMAL_VIOLATION, 1, 0)])
+    where = _dcgm_target(req, ctx, job_gpu(req, ctx))
+    if isinstance(where, str):
+        return _no_dcgm(req, ctx, where)
+    _inject_checked(req, ctx, where, [(FIELD_TEMP, num(req, "temp"), 40), (FIELD_THERMAL_VIOLATION, 1, 0)])
     return []
 
 
-def _query(runner: Runner, gpu: int, what: str) -> str:
-    res = runner(
-        ["nvidia-smi", "-i", str(gpu), f"--query-gpu={what}", "--format=csv,noheader,nounits"], timeout=10
-    )
-    check(res.ok, f"nvidia-smi --query-gpu={what}", res.stderr or res.stdout)
-    return res.stdout.strip()
+def read_gpu(runner: Runner, bus: str) -> nvsmi.GpuReading | None:
+    """One GPU's reading now, by bus id; None where nvidia-smi does not answer for it."""
+    res = runner(nvsmi.reading_argv(), timeout=15)
+    if not res.ok:
+        return None
+    return next((r for r in nvsmi.readings(res.stdout) if r.bus_id == bus), None)
+
+
+@dataclass
+class ClockReadBack:
+    """Reads a locked GPU's SM clock until the job's load shows whether the lock took, and records it.
+
+    The prolog locks an idle GPU, which shows nothing (``gpu/readback.py``); the agent drives this
+    while the job runs, and the fault job's collect step copies the record after the probe.
+    """
+
+    name: str
+    ctx: JobContext
+    where: GpuAddress
+    lock_mhz: float
+    next_at: float = 0.0
+    last: str = ""
+    done: bool = False
+
+    def tick(self, now: float) -> float:
+        if self.done:
+            return float("inf")
+        if now < self.next_at:
+            return self.next_at
+        self.next_at = now + CLOCK_READ_EVERY_S
+        got = read_gpu(self.ctx.runner, self.where.bus_id)
+        if got is None:
+            return self.next_at
+        seen = readback.clock_lock(self.lock_mhz, got)
+        self.last = seen.words
+        if seen.took is None:
+            return self.next_at
+        report(
+            self.ctx,
+            self.name,
+            seen.took,
+            f"{self.name} on {self.ctx.node} ({self.where.describe()}): {seen.words}",
+        )
+        self.done = True
+        return float("inf")
+
+    def stop(self) -> None:
+        if not self.done:
+            log.warning(
+                "%s on %s: the clock lock was never seen under load, nothing recorded (last: %s)",
+                self.name,
+                self.ctx.node,
+                self.last or "no reading",
+            )
 
 
 @applies("gpu-throttle")
 @recorded
 def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
-    gpu, method = str(job_gpu(req, ctx)), choice(req, "method", ThrottleMethod)
-    if shutil.which("nvidia-smi") is None:
+    slurm, method = job_gpu(req, ctx), choice(req, "method", ThrottleMethod)
+    gpus = node_readings(ctx.runner)
+    if gpus is None:
         report(
             ctx,
             req.name,
@@ -258,37 +365,49 @@ def apply_gpu_throttle(req: FaultRequest, ctx: JobContext) -> list[Controller]:
             f"gpu-throttle: no NVML on {ctx.node} (nvidia-smi not found): nothing was throttled",
         )
         return []
+    refuse_mig(req.name, gpus)
+    where = locate(req.name, slurm, nvml=gpus)
+    mine = next(g for g in gpus if g.bus_id == where.bus_id)
+    gpu = str(where.nvml)
     if method is ThrottleMethod.POWER:
-        before = _query(ctx.runner, int(gpu), "power.limit")
-        argv = ["nvidia-smi", "-i", gpu, "-pl", str(int(num(req, "power")))]
-        undo = Undo(argv=("nvidia-smi", "-i", gpu, "-pl", before))
+        power = num(req, "power")
+        why = readback.power_refusal(power, mine)
+        if why or mine.power_limit_w is None:
+            raise ChaosError(f"{req.name}: {why or 'NVML reports no power limit to restore'}")
+        argv = ["nvidia-smi", "-i", gpu, "-pl", f"{power:g}"]
+        undo = Undo(argv=("nvidia-smi", "-i", gpu, "-pl", f"{mine.power_limit_w:g}"))
     else:
-        clock = str(int(num(req, "clock")))
+        clock = f"{num(req, 'clock'):g}"
         argv = ["nvidia-smi", "-i", gpu, "-lgc", f"{clock},{clock}"]
         undo = Undo(argv=("nvidia-smi", "-i", gpu, "-rgc"))
     ctx.journal.record(req.name, " ".join(argv), undo, ctx.deadline)
     res = ctx.runner(argv, timeout=20)
     check(res.ok, " ".join(argv), res.stderr or res.stdout)
-    if method is ThrottleMethod.POWER:
-        got = _number(_query(ctx.runner, int(gpu), "power.limit"))
-        took, words = read_back(num(req, "power"), got, f"power limit of GPU {gpu} (NVML)")
+    after = read_gpu(ctx.runner, where.bus_id)
+    if after is None:
+        unread = f"nvidia-smi gave no reading of GPU {where.bus_id} after {' '.join(argv)}"
+        seen = readback.ReadBack(None if method is ThrottleMethod.CLOCKS else False, unread)
+    elif method is ThrottleMethod.POWER:
+        seen = readback.power_cap(num(req, "power"), after)
     else:
-        # NVML reports no locked-clock setting to read back: the command's success is the evidence.
-        took, words = True, f"clocks of GPU {gpu} locked at {num(req, 'clock'):g} MHz (nvidia-smi -lgc)"
-    report(ctx, req.name, took, f"gpu-throttle on {ctx.node}: {words}")
+        seen = readback.clock_lock(num(req, "clock"), after)
+    if seen.took is None:
+        log.info("%s on %s: clocks locked, read back under load: %s", req.name, ctx.node, seen.words)
+        return [ClockReadBack(req.name, ctx, where, num(req, "clock"), time.time() + CLOCK_READ_EVERY_S)]
+    report(ctx, req.name, seen.took, f"gpu-throttle on {ctx.node} ({where.describe()}): {seen.words}")
     return []
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text.split()[0])
-    except (ValueError, IndexError):
-        return None
-
-
 def burn_env(gpus: Sequence[int]) -> dict[str, str]:
-    """CUDA sees only these GPUs, numbered as nvidia-smi and Slurm number them (PCI bus order)."""
+    """CUDA sees only these GPUs, given in PCI bus order (:func:`cuda_order`), as CUDA numbers them."""
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+
+
+def cuda_order(slurm: Sequence[int]) -> tuple[int, ...]:
+    """Slurm's GPU numbers (device minors) as CUDA numbers them in PCI bus order; unchanged on a
+    node without the NVIDIA driver (where there is no CUDA device to burn either)."""
+    driver = numbering.read_driver(PROC_GPUS)
+    return tuple(slurm) if driver is None else tuple(numbering.pci_order(g, driver) for g in slurm)
 
 
 def burn_argv(ctx: JobContext, seconds: float) -> list[str]:
@@ -305,7 +424,7 @@ def burn_argv(ctx: JobContext, seconds: float) -> list[str]:
         "--seconds",
         f"{seconds:g}",
         "--gpus",
-        ",".join(map(str, ctx.gpus)),
+        ",".join(map(str, cuda_order(ctx.gpus))),
     ]
 
 
@@ -337,7 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("burn", help="matmul load on the job's GPUs")
     b.add_argument("--seconds", type=float, required=True)
-    b.add_argument("--gpus", required=True, help="the job's GPU indices on this node (SLURM_JOB_GPUS)")
+    b.add_argument(
+        "--gpus", required=True, help="the job's GPUs on this node, in PCI bus order (CUDA's numbers)"
+    )
     args = p.parse_args(argv)
     gpus = parse_job_gpus(args.gpus)
     if not gpus:

@@ -4,11 +4,15 @@ Everything is mounted in the node's mount namespace (the prolog runs in slurmd's
 tasks inherit it), so only this node's job sees it; the shared filesystem underneath is never
 filled, which matters when it is shared with other jobs (or, on the sandbox, with the host).
 
-A small tmpfs is mounted on a staging directory (``/run/slurm-chaos/ckpt-<node>-<job>``) and
-filled with ballast but `leave` bytes (rounded up to the page size); an overlay then puts it over
-the checkpoint path as the writable layer. The job still reads the checkpoints already there (a
-restart works), but statfs, df and every write see a full volume. Where overlayfs cannot use the
-path, the fault fails: a bind mount instead would hide what the path held.
+A small tmpfs (`leave` bytes, rounded up to the page size, and SLACK for the ballast) is mounted
+on a staging directory (``/run/slurm-chaos/ckpt-<node>-<job>``) and all its free space but `leave`
+bytes is taken by one ballast file (``fallocate``, at most SLACK bytes: root never writes `leave`
+into RAM); an overlay then puts it over the checkpoint path as the writable layer. What the job
+writes into the `leave` bytes is charged to the job's own memory cgroup (tmpfs pages are charged
+to the writer), and the catalogue caps `leave` (1 GiB). Both mounts are ``nosuid,nodev``. The
+job still reads the checkpoints already there (a restart works), but statfs, df and every write
+see a full volume. Where overlayfs cannot use the path, the fault fails: a bind mount instead
+would hide what the path held.
 
 The path is the job's, so root never acts on it by name (the prolog runs as root):
 
@@ -20,7 +24,10 @@ The path is the job's, so root never acts on it by name (the prolog runs as root
 - the overlay is mounted on ``/proc/<pid>/fd/<n>`` of that walk, so a symlink swapped in after
   the checks changes nothing;
 - each mount gets a source of its own, and the undo finds the mount by it and unmounts through a
-  descriptor (``mountfd.py``), wherever the job may have moved it since.
+  descriptor (``mountfd.py``), wherever the job may have moved it since, with everything stacked
+  on it (a FUSE mount the job made on or under it, whose daemon died with the job) and what hides
+  it from above on the job's path below the checkpoint root: the node never goes back into service
+  with our overlay and its RAM pinned.
 """
 
 from __future__ import annotations
@@ -56,30 +63,40 @@ def mount_source(job_id: str, kind: str) -> str:
     return f"slurm-chaos-ckpt-{job_id}-{kind}-{secrets.token_hex(4)}"
 
 
+def page_up(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
 def tmpfs_size(leave: int) -> int:
-    return -(-leave // PAGE) * PAGE + SLACK
+    return page_up(leave) + SLACK
 
 
-def fill(path: Path, leave: int) -> int:
-    """Write ballast until the volume is full, then give back `leave` bytes; returns ballast size."""
+def ballast_size(free: int, leave: int) -> int:
+    """The ballast that leaves `leave` bytes (page-rounded) of `free` bytes free."""
+    return max(0, free - page_up(leave))
+
+
+def fill(path: Path, leave: int, most: int = SLACK) -> int:
+    """Take the volume's free space but `leave` bytes with one ballast file; returns its size.
+
+    Only the ballast is allocated (never `leave` itself, as writing until ENOSPC would): at most
+    `most` bytes, else the volume is not the small tmpfs it should be and nothing is written.
+    """
     target = path / BALLAST
-    chunk = b"\0" * 65536
-    written = 0
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        while True:
-            try:
-                n = os.write(fd, chunk)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                break
-            if n == 0:
-                break
-            written += n
-        keep = max(0, written - (-(-leave // PAGE) * PAGE))
-        os.ftruncate(fd, keep)
-        return keep
+        st = os.fstatvfs(fd)
+        free = st.f_bavail * st.f_frsize
+        size = ballast_size(free, leave)
+        if size > most:
+            os.unlink(target)
+            raise ChaosError(
+                f"ckpt-full: {path} has {free} bytes free, more than a ballast of {most} bytes "
+                f"and {page_up(leave)} left: not filling it"
+            )
+        if size:
+            os.posix_fallocate(fd, 0, size)
+        return size
     finally:
         os.close(fd)
 
@@ -226,13 +243,17 @@ def _mount(
     shown: str,
     source: str,
     env: dict[str, str] | None = None,
+    below: str | None = None,
 ) -> bool:
-    """Journal, then mount; False if the mount failed (its entry then undoes nothing)."""
+    """Journal, then mount; False if the mount failed (its entry then undoes nothing).
+
+    `below`: the allowed checkpoint root the mount point lies under, where a mount the job makes
+    above ours (hiding it) is detached by the undo too."""
+    data: dict[str, Json] = {"source": source, "target": shown, "unique": True}
+    if below:
+        data["below"] = below
     ctx.journal.record(
-        req.name,
-        f"mount {source} on {shown}",
-        Undo(action="umount_ours", data={"source": source, "target": shown, "unique": True}),
-        ctx.deadline,
+        req.name, f"mount {source} on {shown}", Undo(action="umount_ours", data=data), ctx.deadline
     )
     res = ctx.runner(argv, timeout=10, env=env)
     if not res.ok:
@@ -244,22 +265,31 @@ def _mount(
 def apply_ckpt_full(req: FaultRequest, ctx: JobContext) -> list[Controller]:
     path = text(req, "path")
     leave = int(num(req, "leave"))
+    root, _ = checkpoint_target(path, ctx.ckpt_roots)
     target = open_checkpoint_dir(req, ctx, path)
     try:
-        _fill_over(req, ctx, path, target, leave)
+        _fill_over(req, ctx, path, target, leave, root)
     finally:
         os.close(target)
     return []
 
 
-def _fill_over(req: FaultRequest, ctx: JobContext, path: str, target: int, leave: int) -> None:
+def _fill_over(req: FaultRequest, ctx: JobContext, path: str, target: int, leave: int, root: str) -> None:
     staging = STAGING_ROOT / f"ckpt-{ctx.node}-{ctx.job_id}"
     # slurm-chaos's own directory stays, as /var/lib/slurm-chaos does: removing it would race
     # with another job creating its staging directory in it.
     _staging_root()
     _mkdir_journalled(req, ctx, staging)
     source = mount_source(ctx.job_id, "tmpfs")
-    argv = ["mount", "-t", "tmpfs", "-o", f"size={tmpfs_size(leave)},mode=0700", source, str(staging)]
+    argv = [
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        f"size={tmpfs_size(leave)},mode=0700,nosuid,nodev",
+        source,
+        str(staging),
+    ]
     if not _mount(req, ctx, argv, str(staging), source):
         raise ChaosError(f"ckpt-full: cannot mount a tmpfs on {staging}")
     upper, work = staging / "upper", staging / "work"
@@ -272,28 +302,31 @@ def _fill_over(req: FaultRequest, ctx: JobContext, path: str, target: int, leave
     size = fill(staging, leave)
     # The kernel resolves /proc/<pid>/fd/<n> to the directory walked to, whatever the path shows now.
     fd_path = f"/proc/{os.getpid()}/fd/{target}"
-    opts = f"lowerdir={fd_path},upperdir={upper},workdir={work}"
+    opts = f"nosuid,nodev,lowerdir={fd_path},upperdir={upper},workdir={work}"
     overlay = mount_source(ctx.job_id, "overlay")
     argv = ["mount", "--no-canonicalize", "-t", "overlay", "-o", opts, overlay, fd_path]
     # mount(2), as util-linux before 2.39 always did: Debian 13's (2.41) mounts through the fd-based
     # API, where this overlay fails ("wrong fs type, bad option"); mount(2) takes it as before.
-    if not _mount(req, ctx, argv, path, overlay, env={"LIBMOUNT_FORCE_MOUNT2": "always"}):
+    if not _mount(req, ctx, argv, path, overlay, env={"LIBMOUNT_FORCE_MOUNT2": "always"}, below=root):
         raise ChaosError(f"ckpt-full: cannot mount the full volume on {path} (no overlay)")
     log.info(
         "ckpt-full: %s is full (%d bytes of ballast, %d bytes left free)",
         path,
         size,
-        -(-leave // PAGE) * PAGE,
+        page_up(leave),
     )
 
 
 @undo_action("umount_ours")
 def _umount_ours(data: Mapping[str, Json], ctx: UndoContext) -> str:
-    """Unmount our mount, found by its source wherever it is now (see mountfd.py); nothing if gone."""
+    """Detach our mount, found by its source wherever it is now, with what is stacked on it
+    (see mountfd.py); nothing if gone."""
     target, source = str(data.get("target", "")), str(data["source"])
     argv = [sys.executable, "-I", str(MOUNTFD), "umount", "--source", source]
     if not data.get("unique") and target:
         argv += ["--target", target]  # older journals: one source for the tmpfs and the overlay
+    if data.get("below"):
+        argv += ["--below", str(data["below"])]
     res = ctx.runner(argv, timeout=20)
     if res.returncode == mountfd.EXIT_NOT_MOUNTED:
         return f"{target}: {source} not mounted"

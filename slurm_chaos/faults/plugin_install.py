@@ -21,7 +21,6 @@ Slurm headers, and copied in.
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from slurm_chaos.errors import ChaosError, ConfigError, UsageError
 from slurm_chaos.faults.catalogue import CATALOGUE_PATH
 from slurm_chaos.faults.install_root import LIVE, InstallRoot
 from slurm_chaos.faults.journal import DEFAULT_ROOT
-from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
+from slurm_chaos.faults.policy import POLICY_NAME, Policy
 from slurm_chaos.resources import shipped
 from slurm_chaos.runner import Runner
 from slurm_chaos.site import Safety, Site
@@ -113,27 +112,19 @@ def _is_our_line(line: str) -> bool:
     return len(words) >= 2 and not words[0].startswith("#") and Path(words[1]).name == PLUGIN_FILE
 
 
-def update_plugstack(path: Path, line: str | None, current: Path | None = None) -> bool:
+def update_plugstack(path: Path, line: str | None, root: InstallRoot = LIVE) -> bool:
     """Replace (or, with ``line=None``, remove) our line in plugstack.conf; other lines stay.
 
-    Written to a temporary file and renamed, so slurmstepd never reads half a file. `current`:
-    where its present text is read (default: `path`; in an image, the file a link there names
-    inside the image). Returns whether an earlier slurm_chaos line was there.
+    `path` is the node's; its present text is read inside `root` (a link there followed as the
+    node would). The new file is root's, mode 0644, whatever the old one's mode was (slurmstepd
+    loads what it names as root: nobody else may write it), written to a temporary file and
+    renamed (:meth:`InstallRoot.write`), so slurmstepd never reads half a file. Returns whether
+    an earlier slurm_chaos line was there.
     """
-    current = current or path
-    old = current.read_text().splitlines() if current.exists() else []
+    old = (root.read_text(path) or "").splitlines()
     kept = [entry for entry in old if not _is_our_line(entry)]
     new = kept + ([line] if line else [])
-    mode = current.stat().st_mode & 0o777 if current.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plugstack.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write("\n".join(new) + "\n")
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    root.write(path, ("\n".join(new) + "\n").encode(), mode=0o644)
     return len(kept) != len(old)
 
 
@@ -176,18 +167,6 @@ def render_job_submit(policy: Path) -> str:
     return text.replace("@POLICY_PATH@", str(policy))
 
 
-def _write_root_file(path: Path, text: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def install_job_submit(etc: Path, policy: Path, root: InstallRoot = LIVE) -> tuple[Path, tuple[str, ...]]:
     """Write our job_submit.lua into `etc` (slurmctld's directory); returns it and notes for the admin.
 
@@ -198,19 +177,17 @@ def install_job_submit(etc: Path, policy: Path, root: InstallRoot = LIVE) -> tup
     text = render_job_submit(policy)
     target = etc / JOB_SUBMIT_LUA
     notes: list[str] = []
-    existing = root.host(target)
-    if existing.exists() and LUA_MARK not in existing.read_text(errors="replace"):
+    existing = root.read_text(target)
+    if existing is not None and LUA_MARK not in existing:
         target = etc / OWN_LUA
         notes.append(
             f"{etc / JOB_SUBMIT_LUA} is the site's own: ours is {target}; without it slurmctld cannot "
             f"refuse --chaos at submission and the prolog grants nothing. Rename your functions, "
             f"dofile('{target}') at the top, and call its slurm_job_submit from yours"
         )
-    _write_root_file(root.parent_made(target), text)
-    conf = root.host(etc / "slurm.conf")
-    if conf.exists() and not re.search(
-        r"(?im)^\s*JobSubmitPlugins\s*=.*\blua\b", conf.read_text(errors="replace")
-    ):
+    root.write(target, text.encode(), mode=0o644)
+    conf = root.read_text(etc / "slurm.conf")
+    if conf is not None and not re.search(r"(?im)^\s*JobSubmitPlugins\s*=.*\blua\b", conf):
         notes.append(
             f"{etc / 'slurm.conf'}: add JobSubmitPlugins=lua (and restart slurmctld) so that {target} runs"
         )
@@ -250,11 +227,11 @@ def install_plugin(
     if root.is_image and not Path(prefix).is_absolute():
         raise UsageError(f"--prefix: {prefix} must be an absolute path (the node's) with --root")
     plugin = build_plugin(prefix, runner, root=root)
-    write_policy(root.parent_made(policy_path), policy)
+    root.write(policy_path, policy.render().encode(), mode=0o644)
     lua, notes = install_job_submit(policy_path.parent, policy_path, root)
     line = plugstack_line(plugin, args)
     plugstack = Path(site.slurm.plugstack_conf)
-    replaced = update_plugstack(root.parent_made(plugstack), line, root.host(plugstack))
+    replaced = update_plugstack(plugstack, line, root)
     return InstallResult(plugin, plugstack, line, replaced, policy_path, lua, notes)
 
 

@@ -266,3 +266,35 @@ def refusal(policy: Policy, facts: JobFacts) -> str | None:
         count = "an unknown number of" if facts.nodes is None else str(facts.nodes)
         return f"the job has {count} nodes (max_nodes {policy.max_nodes})"
     return None
+
+
+#: PreemptMode words under which slurmctld suspends a running job: preemption by suspension, and
+#: gang scheduling (which time-slices jobs by suspending them in turn).
+SUSPENDING = frozenset({"SUSPEND", "GANG"})
+
+
+def suspends(preempt_mode: str, preempt_type: str = "") -> bool:
+    """Whether a partition with this PreemptMode (and the cluster's PreemptType) may suspend a
+    running job: SUSPEND under a preemption plugin, or GANG."""
+    words = {w.strip().upper() for w in preempt_mode.split(",") if w.strip()}
+    if "GANG" in words:
+        return True
+    return "SUSPEND" in words and preempt_type.strip().lower() != "preempt/none"
+
+
+def preemption_refusal(partition: str | None, preempt_mode: str | None, preempt_type: str = "") -> str | None:
+    """Why a job in `partition` may not inject faults because of preemption, or None.
+
+    A suspended job runs no epilog, and the job that preempted it gets the node with the faults
+    still in place (netem, a GPU's clocks, a full checkpoint volume): the next tenant's job runs
+    under another's faults. `preempt_mode`: the partition's PreemptMode as slurmctld reports it
+    (None: not known, which refuses too)."""
+    if preempt_mode is None:
+        return f"the preemption mode of partition '{partition or '?'}' is not known (slurmctld did not say)"
+    if suspends(preempt_mode, preempt_type):
+        return (
+            f"partition '{partition or '?'}' preempts by suspension (PreemptMode={preempt_mode}): a "
+            "suspended job runs no epilog, and the job that preempts it would get the node with the "
+            "faults in place"
+        )
+    return None

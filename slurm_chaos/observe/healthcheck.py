@@ -416,7 +416,7 @@ def install_heartbeat_hooks(hooks_dir: Path, heartbeats: Path, root: InstallRoot
             f' || echo "slurm-chaos: heartbeat {kind} hook exited $? for job ${{SLURM_JOB_ID:-?}}" >&2\n'
             "exit 0\n"
         )
-        write_atomic(root.parent_made(hook), text, mode=0o755)
+        root.write(hook, text.encode(), mode=0o755)
         written.append(hook)
     return written
 
@@ -443,7 +443,7 @@ def install_healthcheck(
         f'slurm-chaos health check for site "{site.cluster}" ({site.path}),\n'
         "written by slurm-chaos (install_healthcheck); edits are overwritten."
     )
-    write_atomic(root.parent_made(config), render_config(opts, comment))
+    root.write(config, render_config(opts, comment).encode())
     hook = hooks_dir / "healthcheck.d" / HOOK_NAME
     env = f"export SLURM_CONF={shlex.quote(site.slurm.conf)}\n" if site.slurm.conf else ""
     hook_text = (
@@ -455,7 +455,7 @@ def install_healthcheck(
         f"exec {_root_python('slurm_chaos.observe.healthcheck', 'main', root)}"
         f' --config {shlex.quote(str(config))} "$@"\n'
     )
-    write_atomic(root.parent_made(hook), hook_text, mode=0o755)
+    root.write(hook, hook_text.encode(), mode=0o755)
     install_heartbeat_hooks(hooks_dir, opts.heartbeats, root)
     return hook
 

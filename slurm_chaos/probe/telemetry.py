@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Clock-event reasons that slow the GPU down (re-exported: observe's checks use them too).
+from slurm_chaos.gpu.nvsmi import SLOWDOWN_MASK as SLOWDOWN_MASK
+from slurm_chaos.gpu.nvsmi import bus_id
 from slurm_chaos.probe.schema import TELEMETRY_FIELDS
 
 SYSFS_NODES = Path("/sys/devices/system/node")
 SYSFS_PCI = Path("/sys/bus/pci/devices")
 _MPOL_MODES = ("default", "preferred", "bind", "interleave", "local", "preferred_many", "weighted_interleave")
 _GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236, "ppc64le": 260}
-# Clock-event reasons that mean the GPU is being slowed down, not idling or obeying app clocks.
-# SwPowerCap 0x4, HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
-SLOWDOWN_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 Sample = tuple[float, tuple[float, ...]]
 Event = tuple[float, str, str]
@@ -131,9 +131,11 @@ def host_info() -> HostInfo:
 
 
 def sysfs_bus_id(nvml_bus_id: str) -> str:
-    """NVML's ``00000000:3B:00.0`` -> sysfs's ``0000:3b:00.0``."""
-    domain, _, rest = nvml_bus_id.strip().partition(":")
-    return f"{int(domain, 16):04x}:{rest.lower()}" if rest else nvml_bus_id.lower()
+    """NVML's ``00000000:3B:00.0`` -> sysfs's ``0000:3b:00.0``; text that is no bus id, lower-cased."""
+    try:
+        return bus_id(nvml_bus_id)
+    except ValueError:
+        return nvml_bus_id.strip().lower()
 
 
 def pci_numa_node(bus_id: str, pci_dir: Path = SYSFS_PCI) -> int:

@@ -232,6 +232,7 @@ class PartitionInfo:
     default: bool = False
     state: str = ""
     oversubscribe: str = ""  # NO, EXCLUSIVE, YES[:n], FORCE[:n]
+    preempt_mode: str = ""  # OFF, CANCEL, REQUEUE, SUSPEND[,GANG], ...; '' where not reported
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,8 @@ class ClusterConfig:
     task_plugin: tuple[str, ...] = ()
     job_submit_plugins: tuple[str, ...] = ()
     health_check_program: str = ""
+    preempt_mode: str = ""
+    preempt_type: str = ""
 
 
 @dataclass(frozen=True)

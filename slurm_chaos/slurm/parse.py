@@ -165,6 +165,39 @@ def parse_time_left(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
+#: sbatch --time's formats (sbatch(1)): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+#: days-hours:minutes and days-hours:minutes:seconds.
+_TIME_LIMIT_FORMATS = (
+    (re.compile(r"(\d+)"), ("m",)),
+    (re.compile(r"(\d+):(\d+)"), ("m", "s")),
+    (re.compile(r"(\d+):(\d+):(\d+)"), ("h", "m", "s")),
+    (re.compile(r"(\d+)-(\d+)"), ("d", "h")),
+    (re.compile(r"(\d+)-(\d+):(\d+)"), ("d", "h", "m")),
+    (re.compile(r"(\d+)-(\d+):(\d+):(\d+)"), ("d", "h", "m", "s")),
+)
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_NO_LIMIT = frozenset({"UNLIMITED", "INFINITE"})
+
+
+def parse_time_limit(text: str) -> float | None:
+    """A time limit as sbatch's --time takes it, in seconds; None for UNLIMITED/INFINITE.
+
+    A bare number is minutes, as Slurm reads it ('30' is 30 minutes, '1-02' one day and 2 hours).
+    Anything else raises ValueError naming the formats.
+    """
+    value = text.strip()
+    if value.upper() in _NO_LIMIT:
+        return None
+    for pattern, units in _TIME_LIMIT_FORMATS:
+        m = pattern.fullmatch(value)
+        if m:
+            return float(sum(int(g) * _UNIT_S[u] for g, u in zip(m.groups(), units, strict=True)))
+    raise ValueError(
+        f"time limit {text!r}: expected one of Slurm's formats MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+        "D-HH:MM:SS, or UNLIMITED"
+    )
+
+
 def parse_time(text: str) -> datetime | None:
     """Slurm's ISO local time (`2026-11-30T04:49:06`) -> aware UTC datetime; `Unknown`/`None` -> None."""
     text = text.strip()
@@ -672,6 +705,7 @@ def parse_scontrol_partitions(text: str) -> dict[str, PartitionInfo]:
             default=rec.get("Default", "").upper() == "YES",
             state=_text(rec.get("State", "")),
             oversubscribe=_text(rec.get("OverSubscribe", "")),
+            preempt_mode=_text(rec.get("PreemptMode", "")),
         )
         out[part.name] = part
     return out
@@ -719,6 +753,8 @@ def parse_scontrol_config(text: str) -> ClusterConfig:
         task_plugin=_words(values.get("TaskPlugin", "")),
         job_submit_plugins=_words(values.get("JobSubmitPlugins", "")),
         health_check_program=_text(values.get("HealthCheckProgram", "")),
+        preempt_mode=_text(values.get("PreemptMode", "")),
+        preempt_type=_text(values.get("PreemptType", "")),
     )
 
 

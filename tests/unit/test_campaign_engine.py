@@ -168,11 +168,40 @@ def test_a_job_that_never_ends_is_cancelled(
 ) -> None:
     fake.lifecycle = lambda sub: running(1)
     camp = campaign(site, fake, clock, tmp_path, "control-aa")
-    with pytest.raises(ChaosError, match="did not finish within 720 s; cancelled"):
+    with pytest.raises(ChaosError, match=r"did not finish within 720 s \(.*\); cancelled"):
         run_campaign(camp)
     (job,) = (s.job_id for s in fake.submissions)
     assert fake.called("cancel")[-1] == ((job,),)
     assert camp.manifest.finished is not None
+
+
+@pytest.mark.parametrize(("time_limit", "limit_s"), [("30", 30 * 60), ("1-02", 26 * 3600)])
+def test_the_campaign_waits_slurms_own_limit_plus_grace(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path, time_limit: str, limit_s: int
+) -> None:
+    """A bare number is minutes and D-HH is days and hours, as Slurm reads them: a site that writes
+    its limit so never has a job cancelled by the campaign before Slurm would end it."""
+    site = replace(site, slurm=replace(site.slurm, time_limit=time_limit))
+    fake.lifecycle = lambda sub: running(1)
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    t0 = clock.monotonic()
+    with pytest.raises(ChaosError, match=f"did not finish within {limit_s + 120} s .*{time_limit!r}"):
+        run_campaign(camp)
+    assert clock.monotonic() - t0 >= limit_s + 120
+
+
+def test_the_limit_runs_from_the_jobs_start_not_its_submission(
+    site: Site, fake: FakeScheduler, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Time spent pending is not Slurm's run time: a job that waited in the queue for most of its
+    limit (600 s of 720) still gets its whole limit once it runs."""
+    fake.lifecycle = lambda sub: [JobInfo("", "job", JobState.PENDING)] * 300 + running(1)
+    camp = campaign(site, fake, clock, tmp_path, "control-aa")
+    with pytest.raises(ChaosError, match="did not finish within 720 s"):
+        run_campaign(camp)
+    (job,) = camp.manifest.jobs
+    assert job.started is not None and clock.time() - job.started >= 720
+    assert job.started - job.submitted >= 500  # it did wait in the queue first
 
 
 # ------------------------------------------------------------------ rollback on every path

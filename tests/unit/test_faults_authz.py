@@ -17,6 +17,7 @@ import pytest
 
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import authz
+from slurm_chaos.faults.hooks import EXIT_UNDO_FAILED, undo_failed_reason
 from slurm_chaos.faults.hooks.__main__ import main as hook_main
 from slurm_chaos.faults.install_hooks import (
     HOOK_NAME,
@@ -25,10 +26,11 @@ from slurm_chaos.faults.install_hooks import (
     unsafe_code_for_root,
     unsafe_for_root,
 )
+from slurm_chaos.faults.journal import Journal, Undo
 from slurm_chaos.faults.policy import Policy, PolicyError, write_policy
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.backend import Scheduler
-from slurm_chaos.slurm.model import JobRecord
+from slurm_chaos.slurm.model import ClusterConfig, JobRecord, PartitionInfo
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the policy and audit files must be root's")
 
@@ -61,11 +63,25 @@ POLICY = Policy(
 
 
 class FakeScheduler:
-    """Answers job_record from a table; counts the questions."""
+    """Answers job_record from a table; counts the questions; records drains."""
 
-    def __init__(self, *records: JobRecord) -> None:
+    def __init__(
+        self, *records: JobRecord, preempt: tuple[str, str, str] = ("OFF", "OFF", "preempt/none")
+    ) -> None:
         self.records = {r.job_id: r for r in records}
         self.asked: list[str] = []
+        self.drained: list[tuple[str, str]] = []
+        #: (the partition debug's PreemptMode, the cluster's PreemptMode and PreemptType)
+        self.preempt = preempt
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        return {"debug": PartitionInfo("debug", ("node1", "node2"), preempt_mode=self.preempt[0])}
+
+    def cluster_config(self) -> ClusterConfig:
+        return ClusterConfig("c", preempt_mode=self.preempt[1], preempt_type=self.preempt[2])
+
+    def drain(self, node: str, reason: str) -> None:
+        self.drained.append((node, reason))
 
     def job_record(self, job_id: str) -> JobRecord:
         self.asked.append(job_id)
@@ -162,8 +178,9 @@ def test_audit_and_grant_files(tmp_path: Path, policy: Path) -> None:
     paths = authz.write_grant(journal, d, until=1796043600.5)
     assert paths[0] == journal / "node1" / "42.grant" and paths[0].stat().st_mode & 0o777 == 0o600
     assert "spec=nccl-degrade:ib=off\n" in paths[0].read_text()
-    # Bound to this run of the job: its submit time, and the end after which it grants nothing.
-    assert "submit=1796040000\nuntil=1796043600\n" in paths[0].read_text()  # 12:00 and 13:00 UTC
+    # Bound to this run of the job by the end after which it grants nothing (13:00 UTC); no submit
+    # time, which nothing could check (#27 finding 15).
+    assert "\nuntil=1796043600\n" in paths[0].read_text() and "submit=" not in paths[0].read_text()
     assert d.job_interface == "ib0" and d.end == 1796043600.0
     assert "refused=" not in paths[0].read_text()
     assert authz.remove_grant(journal, "node1", "42") == paths
@@ -180,14 +197,21 @@ def test_escaped_spec_for_log_lines() -> None:
 # --------------------------------------------------------------------------------- the hook
 
 
-def _hook(tmp_path: Path, policy: Path, kind: str, env: dict[str, str], sched: Scheduler) -> int:
+def _hook(
+    tmp_path: Path,
+    policy: Path,
+    kind: str,
+    env: dict[str, str],
+    sched: Scheduler,
+    runner: FakeRunner | None = None,
+) -> int:
     argv = [
         kind,
         "--journal-root", str(tmp_path / "journal"),
         "--policy", str(policy),
         "--audit-log", str(tmp_path / "audit.log"),
     ]  # fmt: skip
-    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
+    runner = runner or FakeRunner(lambda a: Completed(a, 0, "", ""))
     return hook_main(argv, env=env, runner=runner, scheduler=sched)
 
 
@@ -399,3 +423,189 @@ def test_tidy_stamp_is_older_than_a_journal_written_while_it_was_decided(
     monkeypatch.setattr(cleanup_module, "journals", journals_while_a_prolog_writes)
     assert cleanup_module.mark_tidy(tmp_path, "node1")
     assert (node_dir / "8.jsonl").stat().st_mtime > (node_dir / ".tidy").stat().st_mtime
+
+
+# --------------------------------------------------------------------------------- failed undos
+
+
+def _journal_with_undo(tmp_path: Path, job: str, argv: tuple[str, ...], deadline: float = 1e12) -> Journal:
+    journal = Journal(tmp_path / "journal", "node1", job)
+    journal.write_header(deadline=deadline, ns_pid=os.getpid())
+    journal.record("netem", "tc qdisc replace dev ib0 root ...", Undo(argv=argv), deadline)
+    return journal
+
+
+def _refusing(argv: tuple[str, ...]) -> Completed:
+    blocked = argv[0] == "blocked-undo"
+    return Completed(argv, 2 if blocked else 0, "", "put in its way by the test" if blocked else "")
+
+
+def test_an_undo_that_fails_drains_the_node_and_fails_the_epilog(
+    tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node that still holds the job's fault must not go back into service (#27 finding 13)."""
+    journal = _journal_with_undo(tmp_path, "42", ("blocked-undo", "ib0"))
+    sched = FakeScheduler(RECORD)
+    code = _hook(tmp_path, policy, "epilog", ENV, cast(Scheduler, sched), FakeRunner(_refusing))
+    assert code == EXIT_UNDO_FAILED
+    ((node, reason),) = sched.drained
+    assert node == "node1" and reason.startswith("slurm-chaos: undo failed: node1 job 42 netem")
+    assert "put in its way by the test" in reason and "\n" not in reason
+    err = capsys.readouterr().err
+    assert "slurm-chaos: ERROR epilog: slurm-chaos: undo failed: node1 job 42 netem" in err
+    assert journal.read().pending(), "the failed change stays pending for the next hook or cleanup"
+    assert not (tmp_path / "journal" / "node1" / ".tidy").exists()
+    # The next job's prolog retries it (an earlier undo left it pending): still blocked, it drains
+    # again and applies nothing; once the undo goes through, the node is tidy again.
+    other = {**ENV, "SLURM_JOB_ID": "43"}
+    sched = FakeScheduler(replace(RECORD, job_id="43"))
+    code = _hook(tmp_path, policy, "prolog", other, cast(Scheduler, sched), FakeRunner(_refusing))
+    assert code == EXIT_UNDO_FAILED
+    assert sched.drained and sched.asked == [], "a node still holding a fault decides nothing"
+    sched = FakeScheduler(replace(RECORD, job_id="43"))
+    assert _hook(tmp_path, policy, "prolog", other, cast(Scheduler, sched)) == 0
+    assert not sched.drained and not journal.read().pending()
+    assert (tmp_path / "journal" / "node1" / ".tidy").exists()
+
+
+def test_a_hook_that_crashes_drains_only_if_it_left_an_undo_undone(
+    tmp_path: Path, policy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurm_chaos.faults import agent
+
+    def crash(*_args: object) -> list[object]:
+        raise RuntimeError("a bug of the hook's own")
+
+    monkeypatch.setattr(agent, "undo", crash)
+    sched = FakeScheduler(RECORD)
+    assert _hook(tmp_path, policy, "epilog", ENV, cast(Scheduler, sched)) == 0  # nothing was applied
+    assert not sched.drained
+    _journal_with_undo(tmp_path, "42", ("tc", "qdisc", "del"))
+    assert _hook(tmp_path, policy, "epilog", ENV, cast(Scheduler, sched)) == EXIT_UNDO_FAILED
+    ((_, reason),) = sched.drained
+    assert reason.startswith("slurm-chaos: undo failed: node1 job 42 netem") and "crashed" in reason
+
+
+def test_undo_failed_reason_is_one_bounded_line() -> None:
+    reason = undo_failed_reason("rmdir /ckpt/\x1b[31m\nevil " + "x" * 500, more=2)
+    assert reason.startswith("slurm-chaos: undo failed: rmdir /ckpt/?[31m evil x")
+    assert reason.endswith("... (and 2 more)") and len(reason) <= 240
+    assert all(" " <= c <= "~" for c in reason)
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    """An interpreter that records its arguments and exits FAKE_RC (or sleeps FAKE_SLEEP first)."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {tmp_path}/python.argv\n'
+        '[ -z "$FAKE_SLEEP" ] || sleep "$FAKE_SLEEP"\n'
+        'exit "${FAKE_RC:-0}"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def test_installed_hooks_fail_only_for_an_undo_left_undone(tmp_path: Path) -> None:
+    etc, journal_root = tmp_path / "etc", tmp_path / "j"
+    python, log_file = str(_fake_python(tmp_path)), tmp_path / "agent.log"
+    prolog, epilog = install_hooks(etc, python, journal_root=journal_root, log_file=log_file, timeout_s=1)
+    env = {**ENV, "SLURM_JOB_ID": "9"}
+    node_dir = journal_root / "node1"
+    node_dir.mkdir(parents=True)
+    (node_dir / "9.jsonl").write_text("")
+
+    def run(hook: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([hook], env={**env, **extra}, capture_output=True, text=True, timeout=30)
+
+    assert run(epilog).returncode == 0
+    assert run(epilog, FAKE_RC="1").returncode == 0  # the hook's own failure: logged, never drains
+    assert run(epilog, FAKE_RC="127").returncode == 0
+    assert run(epilog, FAKE_RC=str(EXIT_UNDO_FAILED)).returncode == 1  # Python drained and said why
+    late = run(epilog, FAKE_SLEEP="3")  # killed by timeout with the job's journal there
+    assert late.returncode == 1
+    assert "slurm-chaos: undo failed: the epilog hook ran out of time (1s, exit 124) for job 9" in late.stderr
+    (node_dir / "9.jsonl").unlink()
+    assert run(epilog, FAKE_SLEEP="3").returncode == 0  # a job without faults: not drained
+    assert run(prolog, FAKE_RC=str(EXIT_UNDO_FAILED)).returncode == 1
+
+
+def test_an_ordinary_jobs_prolog_tidies_stale_journals(tmp_path: Path) -> None:
+    """Not only a policy user's prolog: any job's prolog reverts what an earlier job left (#27 13)."""
+    etc, journal_root = tmp_path / "etc", tmp_path / "j"
+    prolog, _ = install_hooks(etc, str(_fake_python(tmp_path)), journal_root=journal_root)
+    write_policy(etc / "slurm-chaos-policy.toml", Policy(allow_users=("bob",)))
+    env = {**ENV, "SLURM_JOB_ID": "9"}
+    argv = tmp_path / "python.argv"
+
+    def run() -> str:
+        argv.unlink(missing_ok=True)
+        done = subprocess.run([prolog], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return argv.read_text() if argv.exists() else ""
+
+    assert run() == ""  # nothing on the node, alice not in the policy: no Python
+    node_dir = journal_root / "node1"
+    node_dir.mkdir(parents=True)
+    (node_dir / "7.jsonl").write_text("")  # an earlier job's journal, never tidied
+    assert " prolog --tidy-only --journal-root " in run()
+    (node_dir / ".tidy").touch()
+    os.utime(node_dir / "7.jsonl", (1, 1))
+    assert run() == ""  # tidy since: the cheap guard skips Python again
+    (etc / "slurm-chaos-policy.toml").unlink()
+    (node_dir / "8.jsonl").write_text("")
+    assert " prolog --tidy-only " in run()  # no policy at all: still tidies
+
+
+# --------------------------------------------------------------------------------- preemption (#27 12)
+
+SUSPENDED_BY = "a suspended job runs no epilog, and the job that preempts it would get the node"
+
+
+@pytest.mark.parametrize(
+    ("preempt", "refused"),
+    [
+        (
+            ("SUSPEND", "OFF", "preempt/partition_prio"),
+            "partition 'debug' preempts by suspension (PreemptMode=SUSPEND)",
+        ),
+        (
+            ("", "SUSPEND,GANG", "preempt/qos"),
+            "partition 'debug' preempts by suspension (PreemptMode=SUSPEND,GANG)",
+        ),
+        (("GANG", "OFF", "preempt/none"), "(PreemptMode=GANG)"),  # time-slicing suspends too
+        (("REQUEUE", "SUSPEND,GANG", "preempt/partition_prio"), None),  # the partition's own mode
+        (("SUSPEND", "SUSPEND", "preempt/none"), None),  # no preemption plugin, no gang: never
+        (("OFF", "OFF", "preempt/none"), None),
+    ],
+)
+def test_no_fault_in_a_partition_that_preempts_by_suspension(
+    policy: Path, preempt: tuple[str, str, str], refused: str | None
+) -> None:
+    d = authz.decide("42", "node1", ENV, cast(Scheduler, FakeScheduler(RECORD, preempt=preempt)), policy)
+    assert d is not None
+    if refused is None:
+        assert d.granted, d.refused
+    else:
+        assert d.refused is not None and refused in d.refused and SUSPENDED_BY in d.refused
+
+
+def test_a_partition_slurmctld_does_not_know_refuses(policy: Path) -> None:
+    elsewhere = replace(RECORD, partition="gone")
+    d = authz.decide("42", "node1", ENV, scheduler(elsewhere), policy)
+    assert d is not None and d.refused is not None
+    # The policy names the partition it wants first; with any partition allowed, the unknown mode refuses.
+    write_policy(policy, replace(POLICY, allow_partitions=None))
+    d = authz.decide("42", "node1", ENV, scheduler(elsewhere), policy)
+    assert (
+        d is not None
+        and d.refused == "the preemption mode of partition 'gone' is not known (slurmctld did not say)"
+    )
+
+
+def test_the_prolog_applies_nothing_in_a_suspending_partition(tmp_path: Path, policy: Path) -> None:
+    sched = FakeScheduler(RECORD, preempt=("SUSPEND", "OFF", "preempt/partition_prio"))
+    assert _hook(tmp_path, policy, "prolog", ENV, cast(Scheduler, sched)) == 0
+    grant = (tmp_path / "journal" / "node1" / "42.grant").read_text()
+    assert "refused=partition 'debug' preempts by suspension" in grant
+    assert not list((tmp_path / "journal" / "node1").glob("*.jsonl"))

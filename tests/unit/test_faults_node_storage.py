@@ -3,9 +3,13 @@ that unmounts only our own mount, found by its identity."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from slurm_chaos.faults.node_storage import (
     MOUNTFD,
     PAGE,
     SLACK,
+    ballast_size,
     checkpoint_target,
     fill,
     mount_source,
@@ -199,8 +204,13 @@ def test_overlay_failure_fails_the_fault_without_a_bind_mount(
     os.chown(root / "mine", UID, GID)
     monkeypatch.setattr(node_storage, "STAGING_ROOT", tmp_path / "staging")
     monkeypatch.setattr(node_storage, "fill", lambda path, leave: 0)
+    mounts: list[tuple[str, ...]] = []
 
     def respond(argv: tuple[str, ...]) -> Completed:
+        if argv[0] == "mount":
+            mounts.append(argv)
+            if "tmpfs" in argv:  # the staging directory, made as the tmpfs would be
+                (Path(argv[-1]) / "x").mkdir(exist_ok=True)
         return Completed(argv, 32, "", "wrong fs type") if "overlay" in argv else ok(argv)
 
     runner = FakeRunner(respond)
@@ -211,8 +221,13 @@ def test_overlay_failure_fails_the_fault_without_a_bind_mount(
     assert overlay[:4] == ("mount", "--no-canonicalize", "-t", "overlay")
     assert overlay[-1].startswith(f"/proc/{os.getpid()}/fd/") and f"lowerdir={overlay[-1]}," in overlay[5]
     assert not any("--bind" in c for c in runner.calls)
-    sources = [e.undo.data["source"] for e in ctx.journal.read().entries if e.undo.action == "umount_ours"]
+    # Neither our tmpfs nor our overlay lets a set-uid file or a device node on it act as one.
+    assert all({"nosuid", "nodev"} <= set(m[m.index("-o") + 1].split(",")) for m in mounts), mounts
+    undo = [e.undo.data for e in ctx.journal.read().entries if e.undo.action == "umount_ours"]
+    sources = [u["source"] for u in undo]
     assert len(set(sources)) == 2 and all(str(s).startswith("slurm-chaos-ckpt-5-") for s in sources)
+    # The overlay's undo may detach what the job mounts above it on its path below the allowed root.
+    assert [u.get("below") for u in undo] == [None, str(root)]
 
 
 def test_mount_sources_are_unique() -> None:
@@ -246,6 +261,13 @@ def test_undo_unmounts_by_source_through_the_helper(tmp_path: Path) -> None:
     (argv,) = runner.calls
     assert argv[1:] == ("-I", str(MOUNTFD), "umount", "--source", "slurm-chaos-ckpt-5-overlay-ab")
     assert result.undone[0].endswith("umount /ckpt/a (slurm-chaos-ckpt-5-overlay-ab, mount 76)")
+
+
+def test_undo_passes_the_checkpoint_root_the_overlay_lies_under(tmp_path: Path) -> None:
+    runner = helper_runner(0, "umount /ckpt/a (tag, mount 76)\n")
+    data = {"source": "tag", "target": "/ckpt/a", "unique": True, "below": "/ckpt"}
+    revert(_journal(tmp_path, data), UndoContext(runner), by="test")
+    assert runner.calls[0][-4:] == ("--source", "tag", "--below", "/ckpt")
 
 
 def test_undo_of_an_older_journal_tells_its_two_mounts_apart_by_target(tmp_path: Path) -> None:
@@ -296,10 +318,178 @@ def test_mountinfo_is_parsed_with_its_escapes() -> None:
     assert mountfd.find(mounts, "slurm-chaos-ckpt-9-tmpfs-00") is None
 
 
-def test_a_mount_on_or_under_ours_is_left_alone() -> None:
-    covered = MOUNTINFO + "80 76 0:60 / /ckpt/a\\040b rw - nfs server:/vol rw\n"
-    with pytest.raises(mountfd.Refused, match="server:/vol is mounted on or under"):
-        mountfd.find(mountfd.parse_mountinfo(covered), "slurm-chaos-ckpt-5-overlay-ab")
+# The allowed checkpoint root /ckpt (a filesystem of its own), the job's overlay below it, our tmpfs.
+STACKED = """\
+22 1 0:21 / / rw - ext4 /dev/vda1 rw
+30 22 0:30 / /ckpt rw - nfs server:/ckpt rw
+76 30 0:50 / /ckpt/u/a/run rw,nosuid,nodev - overlay slurm-chaos-ckpt-5-overlay-ab rw
+77 22 0:51 / /run/slurm-chaos/ckpt-node1-5 rw,nosuid,nodev - tmpfs slurm-chaos-ckpt-5-tmpfs-cd rw
+"""
+OURS = "slurm-chaos-ckpt-5-overlay-ab"
+FUSE = "- fuse.squashfuse squashfuse rw,user_id=1001,group_id=1001"
+
+
+def test_a_mount_under_ours_goes_with_ours() -> None:
+    """squashfuse x.sqfs ckpt/m: our mount is detached with everything under it."""
+    under = STACKED + f"80 76 0:60 / /ckpt/u/a/run/m rw,nosuid,nodev {FUSE}\n"
+    step = mountfd.next_step(mountfd.parse_mountinfo(under), OURS, None, "/ckpt")
+    assert step is not None
+    assert (step.point, step.allowed, step.ours.id) == ("/ckpt/u/a/run", frozenset({76, 80}), 76)
+
+
+def test_mounts_on_ours_are_ours_to_detach() -> None:
+    """Two FUSE mounts stacked on our overlay's root: the path leads to the top one, which may go."""
+    on = STACKED + f"80 76 0:60 / /ckpt/u/a/run rw {FUSE}\n81 80 0:61 / /ckpt/u/a/run rw {FUSE}\n"
+    step = mountfd.next_step(mountfd.parse_mountinfo(on), OURS, None, None)
+    assert step is not None and step.allowed == frozenset({76, 80, 81})
+
+
+def test_a_mount_made_after_ours_above_it_below_the_root_hides_it_and_goes_first() -> None:
+    """squashfuse x.sqfs a (the directory above the overlay): it hides ours; detached first."""
+    above = STACKED + f"80 30 0:60 / /ckpt/u/a rw {FUSE}\n81 80 0:61 / /ckpt/u/a rw {FUSE}\n"
+    mounts = mountfd.parse_mountinfo(above)
+    step = mountfd.next_step(mounts, OURS, None, "/ckpt")
+    assert step is not None and step.point == "/ckpt/u/a" and step.allowed == frozenset({80, 81})
+    assert "hiding" in step.what
+    # Without the root the path lies under (older journals, our tmpfs), nothing above ours is ours.
+    step = mountfd.next_step(mounts, OURS, None, None)
+    assert step is not None and step.point == "/ckpt/u/a/run" and step.allowed == frozenset({76})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "80 22 0:60 / /ckpt rw - nfs other:/ckpt rw",  # on the allowed root itself: the site's
+        "80 22 0:60 / /ckpt/u/ab rw - fuse x rw",  # a sibling path, not above ours
+        "80 30 0:60 / /ckpt/u/a/run2 rw - fuse x rw",
+        "80 22 0:60 / /elsewhere rw - fuse x rw",
+    ],
+)
+def test_mounts_beside_or_at_the_root_are_not_ours(line: str) -> None:
+    mounts = mountfd.parse_mountinfo(STACKED + line + "\n")
+    step = mountfd.next_step(mounts, OURS, None, "/ckpt")
+    assert step is not None and step.point == "/ckpt/u/a/run" and step.allowed == frozenset({76})
+
+
+def test_a_mount_above_ours_made_before_it_is_not_ours() -> None:
+    earlier = STACKED.replace("76 30", "80 30 0:60 / /ckpt/u rw - nfs other:/u rw\n76 80", 1)
+    step = mountfd.next_step(mountfd.parse_mountinfo(earlier), OURS, None, "/ckpt")
+    assert step is not None and step.point == "/ckpt/u/a/run" and step.allowed == frozenset({76})
+
+
+class FakeKernel:
+    """Path walks and lazy detaches over a mountinfo file: a lookup enters the top mount stacked
+    on each directory; one inside a FUSE mount fails (its daemon is gone with the job)."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        path.write_text(text)
+        self.fds: dict[int, int] = {}
+        self.detached: list[int] = []
+
+    def mounts(self) -> list[mountfd.Mount]:
+        return mountfd.parse_mountinfo(self.path.read_text())
+
+    def open(self, path: str) -> int:
+        mounts = self.mounts()
+        cur, prefix = mounts[0], ""
+        for name in [p for p in path.split("/") if p]:
+            if cur.fstype.startswith("fuse"):
+                raise OSError(errno.ENOTCONN, os.strerror(errno.ENOTCONN))
+            prefix += "/" + name
+            while on := [m for m in mounts if m.parent == cur.id and m.point == prefix]:
+                cur = on[-1]
+        fd = os.open(os.devnull, os.O_RDONLY)
+        self.fds[fd] = cur.id
+        return fd
+
+    def detach(self, fd: int) -> None:
+        mounts = self.mounts()
+        (top,) = [m for m in mounts if m.id == self.fds[fd]]
+        gone = mountfd.subtree(mounts, top)
+        self.detached.append(top.id)
+        kept = [line for line in self.path.read_text().splitlines() if int(line.split()[0]) not in gone]
+        self.path.write_text("".join(f"{line}\n" for line in kept))
+
+
+@pytest.fixture
+def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], FakeKernel]]:
+    def make(text: str) -> FakeKernel:
+        k = FakeKernel(tmp_path / "mountinfo", text)
+        monkeypatch.setattr(mountfd, "open_nofollow", k.open)
+        monkeypatch.setattr(mountfd, "mount_id", lambda fd: k.fds[fd])
+        monkeypatch.setattr(mountfd, "detach", k.detach)
+        return k
+
+    yield make
+
+
+@pytest.mark.parametrize(
+    ("stacked", "detached"),
+    [
+        ("80 76 0:60 / /ckpt/u/a/run/m rw {fuse}\n", [76]),  # under ours: goes with it
+        ("80 76 0:60 / /ckpt/u/a/run rw {fuse}\n81 80 0:61 / /ckpt/u/a/run rw {fuse}\n", [81, 80, 76]),
+        ("80 30 0:60 / /ckpt/u/a rw {fuse}\n", [80, 76]),  # hides ours from above
+        ("80 30 0:60 / /ckpt/u rw {fuse}\n81 76 0:61 / /ckpt/u/a/run rw {fuse}\n", [80, 81, 76]),
+    ],
+)
+def test_undo_detaches_everything_stacked_on_our_mount(
+    kernel: Callable[[str], FakeKernel], stacked: str, detached: list[int]
+) -> None:
+    k = kernel(STACKED + stacked.format(fuse=FUSE))
+    code, said = mountfd.umount(OURS, mountinfo=str(k.path), below="/ckpt")
+    assert code == mountfd.EXIT_DONE and said.endswith(f"({OURS}, mount 76)")
+    assert k.detached == detached
+    assert [m.id for m in k.mounts()] == [22, 30, 77]  # as before the fault
+
+
+def test_undo_refuses_a_path_that_leads_to_someone_elses_mount(kernel: Callable[[str], FakeKernel]) -> None:
+    """A FUSE mount above ours without the root it lies under: not ours, so ours stays (refused)."""
+    k = kernel(STACKED + f"80 30 0:60 / /ckpt/u/a rw {FUSE}\n")
+    with pytest.raises(mountfd.Refused, match="changed under mount 76"):
+        mountfd.umount(OURS, mountinfo=str(k.path))
+    assert k.detached == [] and [m.id for m in k.mounts()] == [22, 30, 76, 77, 80]
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+STACK_SCRIPT = """
+set -e
+T=$1
+mount -t tmpfs test-ckpt-root "$T/ckpt"
+mkdir -p "$T/ckpt/u/a/run"
+mount -t tmpfs -o nosuid,nodev slurm-chaos-test-ours "$T/ckpt/u/a/run"
+mkdir "$T/ckpt/u/a/run/m"
+mount -t tmpfs user-under "$T/ckpt/u/a/run/m"
+mount -t tmpfs user-on "$T/ckpt/u/a/run"
+mount -t tmpfs user-above "$T/ckpt/u/a"
+set +e
+{py} -I {mountfd} umount --source slurm-chaos-test-ours $2
+echo "rc=$?"
+grep -F " $T/" /proc/self/mountinfo | cut -d' ' -f5
+"""
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m (a private mount namespace)")
+@pytest.mark.parametrize("below", [True, False])
+def test_undo_in_a_real_mount_namespace(tmp_path: Path, below: bool) -> None:
+    """Real mounts in a private namespace: on, under and above ours; all gone, or ours refused."""
+    (tmp_path / "ckpt").mkdir()
+    script = STACK_SCRIPT.format(py=sys.executable, mountfd=MOUNTFD)
+    extra = f"--below {tmp_path}/ckpt" if below else ""
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(tmp_path), extra]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    left = [line for line in res.stdout.splitlines() if not line.startswith(("rc=", "umount", "detached"))]
+    if below:
+        assert "rc=0" in res.stdout, res
+        assert left == [f"{tmp_path}/ckpt"], res  # only the root's own filesystem
+    else:
+        assert "rc=1" in res.stdout and "not unmounting" in res.stderr, res
+        assert f"{tmp_path}/ckpt/u/a/run" in left, res
 
 
 def test_two_mounts_of_one_source_need_the_target() -> None:
@@ -330,9 +520,55 @@ def test_helper_refuses_a_mount_point_that_now_leads_elsewhere(tmp_path: Path) -
     assert mountfd.umount("tag", mountinfo=str(info))[0] == mountfd.EXIT_NOT_MOUNTED
 
 
-def test_fill_stops_at_enospc_and_gives_back_leave(tmp_path: Path) -> None:
-    # On a plain directory fill() would fill the disk; a file-size limit makes write(2) fail early
-    # with EFBIG instead, which fill() must not swallow.
+def test_ballast_is_the_free_space_but_leave() -> None:
+    assert ballast_size(SLACK, 0) == SLACK
+    assert ballast_size(SLACK + PAGE, 1) == SLACK
+    assert ballast_size(SLACK + 10 * PAGE, 10 * PAGE) == SLACK
+    assert ballast_size(SLACK - PAGE, 0) == SLACK - PAGE  # directories took some of it
+    assert ballast_size(0, PAGE) == 0
+
+
+class FakeVolume:
+    """A volume of `size` bytes: write(2) fails with ENOSPC past it; what is allocated is counted."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.allocated, self.peak = size, 0, 0
+
+    def statvfs(self, _: object) -> os.statvfs_result:
+        blocks = self.size // PAGE
+        return os.statvfs_result((PAGE, PAGE, blocks, blocks, blocks, 100, 100, 100, 0, 255))
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.allocated + len(data) > self.size:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.allocated += len(data)
+        self.peak = max(self.peak, self.allocated)
+        return len(data)
+
+    def fallocate(self, fd: int, offset: int, length: int) -> None:
+        self.allocated = max(self.allocated, offset + length)
+        self.peak = max(self.peak, self.allocated)
+
+
+@pytest.mark.parametrize("leave", [0, 1, 10 << 20, 1 << 30])
+def test_fill_allocates_only_the_ballast_whatever_leave_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leave: int
+) -> None:
+    """leave=900G once made root write 900 GB into RAM (until ENOSPC, then truncate): now the
+    ballast alone is allocated, never more than SLACK bytes."""
+    volume = FakeVolume(tmpfs_size(leave))
+    monkeypatch.setattr(os, "statvfs", volume.statvfs)
+    monkeypatch.setattr(os, "fstatvfs", volume.statvfs)
+    monkeypatch.setattr(os, "write", volume.write)
+    monkeypatch.setattr(os, "posix_fallocate", volume.fallocate)
+    monkeypatch.setattr(os, "ftruncate", lambda fd, n: setattr(volume, "allocated", n))
+    assert fill(tmp_path, leave) == SLACK
+    assert volume.peak == volume.allocated == SLACK
+
+
+def test_fill_refuses_a_volume_larger_than_its_ballast(tmp_path: Path) -> None:
+    # A plain directory (the disk, not our small tmpfs) is never filled: nothing is written. A
+    # file-size limit stands guard, so that a fill that writes anyway fails early (EFBIG).
     import resource
     import signal
 
@@ -340,12 +576,32 @@ def test_fill_stops_at_enospc_and_gives_back_leave(tmp_path: Path) -> None:
     old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
     try:
-        try:
+        with pytest.raises(ChaosError, match="more than a ballast of 65536 bytes"):
             fill(tmp_path, 0)
-            raised = False
-        except OSError as exc:
-            raised = exc.errno == 27  # EFBIG
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old)
-    assert raised
+    assert not (tmp_path / node_storage.BALLAST).exists()
+
+
+FILL_SCRIPT = """
+set -e
+mount -t tmpfs -o size={size},nosuid,nodev test-ballast "$1"
+mkdir "$1/upper" "$1/work"
+{py} -c 'import os, sys; from pathlib import Path; from slurm_chaos.faults.node_storage import fill
+print("BALLAST", fill(Path(sys.argv[1]), int(sys.argv[2])))
+st = os.statvfs(sys.argv[1]); print("FREE", st.f_bavail * st.f_frsize)' "$1" {leave}
+"""
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare -m (a private mount namespace)")
+@pytest.mark.parametrize("leave", [0, 5000, 1 << 20])
+def test_fill_on_a_real_tmpfs_leaves_exactly_leave_free(tmp_path: Path, leave: int) -> None:
+    script = FILL_SCRIPT.format(size=tmpfs_size(leave), py=sys.executable, leave=leave)
+    argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(tmp_path)]
+    root = Path(node_storage.__file__).parents[2]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert f"FREE {node_storage.page_up(leave)}" in res.stdout, res.stdout
+    (ballast,) = [int(line.split()[1]) for line in res.stdout.splitlines() if line.startswith("BALLAST")]
+    assert 0 < ballast <= SLACK

@@ -411,3 +411,31 @@ def test_job_submit_lua_reads_the_job_interface_as_the_others_do(tmp_path: Path)
         assert _run_lua(tmp_path, text)[0] == (
             f"2002 nil slurm-chaos: refused --chaos=netem:delay=0.005s: {MALFORMED[text]}"
         ), text
+
+
+@pytest.mark.skipif(LUA is None or os.geteuid() != 0, reason="needs lua5.1 and root (a root-owned policy)")
+def test_job_submit_lua_refuses_a_partition_that_preempts_by_suspension(tmp_path: Path) -> None:
+    """#27 finding 12, at submission where slurm.conf says so (the prolog decides from slurmctld)."""
+    policy = Policy(
+        allow_users=("alice",),
+        allow_accounts=("a",),
+        allow_partitions=("debug", "whole", "force"),
+        allow_reservations=("maint",),
+        max_nodes=2,
+    )
+    (tmp_path / "slurm.conf").write_text(
+        "PreemptType=preempt/partition_prio\n"
+        "PreemptMode=SUSPEND,GANG  # the cluster's\n"
+        "PartitionName=debug Nodes=n[1-2] Default=YES\n"
+        "PartitionName=whole Nodes=n[1-2] PreemptMode=REQUEUE\n"
+    )
+    lines = _run_lua(tmp_path, policy.render())
+    assert lines[0] == REFUSED + (
+        "partition 'debug' preempts by suspension (PreemptMode=SUSPEND,GANG): a suspended job runs no "
+        "epilog, and the job that preempts it would get the node with the faults in place"
+    )
+    assert lines[4] == LUA_EXPECTED[4] == "0 slurm-chaos=netem:delay=0.005s -"  # whole requeues
+    assert lines[2] == lines[0]  # root's job too: the node is everyone's after a suspension
+    assert lines[1] == LUA_EXPECTED[1]  # the policy's own rules come first
+    (tmp_path / "slurm.conf").write_text("PreemptType=preempt/none\nPreemptMode=SUSPEND\n")
+    assert _run_lua(tmp_path, policy.render()) == LUA_EXPECTED  # no plugin to preempt with

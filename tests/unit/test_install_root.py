@@ -280,3 +280,84 @@ def test_the_plugin_is_built_here_and_copied_into_the_image(
         assert built.read_bytes()[:4] == b"\x7fELF" and stat.S_IMODE(built.stat().st_mode) == 0o755
     assert done.plugin.plugin_path == Path(LIBDIR) / "slurm_chaos.so"
     assert _host_state([f"{LIBDIR}/slurm_chaos.so", f"{LIBDIR}/libslurm_chaos_io.so"]) == before
+
+
+# --------------------------------------------------------------------------------- whose tree (#27 6)
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="ownership: only root can give a tree to a user")
+USER = 4242  # no one's: a user who built the image
+
+
+@root_only
+def test_a_tree_not_roots_refuses_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rootless or CI-built image: its owner could swap any directory while root writes."""
+    image = _image(tmp_path)
+    os.chown(image, USER, USER)
+    runner = FakeRunner(_fake_make)
+    why = rf"--root: {image}: {image} is owned by uid {USER}, not root: refused"
+    with pytest.raises(UsageError, match=why):
+        _install(image, monkeypatch, runner)
+    assert runner.calls == [] and _tree(image) == {}
+    assert main(["plugin", "install", "--site", str(SITE), "--root", str(image)]) == 2
+    assert f"is owned by uid {USER}, not root" in capsys.readouterr().err
+    # plugin check --root audits it all the same, and names it.
+    found = {f.item: f for f in pc.check_image(SITE, image).problems()}["image root"]
+    assert found.status is pc.Status.UNSAFE and f"{image} is owned by uid {USER}, not root" in found.detail
+    # Root's, but a directory above it is the user's: they may rename the image away and put
+    # their own tree (or a link to this machine's /etc) in its place.
+    os.chown(image, 0, 0)
+    os.chown(tmp_path, USER, USER)
+    with pytest.raises(UsageError, match=rf"{tmp_path} is owned by uid {USER}, not root"):
+        _install(image, monkeypatch, runner)
+    assert _tree(image) == {}
+
+
+@root_only
+def test_a_directory_written_that_others_may_write_refuses_the_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = _image(tmp_path)
+    (image / "etc/slurm").mkdir(parents=True)
+    (image / "etc/slurm").chmod(0o777)
+    with pytest.raises(UsageError, match=r"/etc/slurm is writable by group or others \(mode 777\): refused"):
+        _install(image, monkeypatch)
+    assert list((image / "etc/slurm").iterdir()) == []
+    (image / "etc/slurm").chmod(0o755)
+    os.chown(image / "etc/slurm", USER, USER)
+    with pytest.raises(UsageError, match=rf"/etc/slurm is owned by uid {USER}, not root: refused"):
+        _install(image, monkeypatch)
+    assert list((image / "etc/slurm").iterdir()) == []
+
+
+@root_only
+def test_a_link_swapped_into_a_user_writable_image_tree_is_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user who may write etc/slurm swaps epilog.d for a link to this machine's directory
+    between the install's look at it and its write: root's write stays inside the image."""
+    from slurm_chaos.faults import install_hooks as hooks_module
+
+    image = _image(tmp_path)
+    outside = tmp_path / "host-etc"  # stands for the build host's /etc
+    outside.mkdir()
+    (image / "etc/slurm/epilog.d").mkdir(parents=True)
+    (image / "etc/slurm").chmod(0o777)  # a rootless-built subtree, only passed through
+    render = hooks_module.render_hook
+
+    def render_then_swap(kind: str, *args: object, **kwargs: object) -> str:
+        text = render(kind, *args, **kwargs)  # type: ignore[arg-type]
+        if kind == "epilog":
+            (image / "etc/slurm/epilog.d").rename(image / "etc/slurm/old-epilog.d")
+            (image / "etc/slurm/epilog.d").symlink_to(outside)
+        return text
+
+    monkeypatch.setattr(hooks_module, "render_hook", render_then_swap)
+    hooks_module.install_hooks(
+        Path("/etc/slurm"), "/usr/bin/python3", journal_root=Path(JOURNAL), root=InstallRoot.at(image)
+    )
+    assert list(outside.iterdir()) == [], "root wrote through the link onto this machine"
+    # Followed as the booted node would: from the image's root, into the image.
+    landed = image / str(outside).lstrip("/") / HOOK_NAME
+    assert landed.is_file() and stat.S_IMODE(landed.stat().st_mode) == 0o755

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gpu_captures import MACHINES, driver_layout, load, multiply, needs_captures, project
 from onboarding import fill_todos
 
+from slurm_chaos import onboard
 from slurm_chaos.cli import main
 from slurm_chaos.errors import ConfigError, SlurmError, UsageError
+from slurm_chaos.gpu import numbering
 from slurm_chaos.onboard import ClusterFacts, build_site, to_yaml
+from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.site import load_site
 from slurm_chaos.slurm import parse
 from slurm_chaos.slurm.model import Gres, NodeInfo, PartitionInfo, SwitchInfo
@@ -227,3 +231,81 @@ def test_site_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     filled = fill_todos(site, FILLED, tmp_path / "filled.yaml")
     assert main(["site", "check", str(filled)]) == 0
     assert "partition debug (4 nodes), reservation maint, 2 racks: complete" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- GPUs from nvidia-smi on this node
+
+
+def smi_runner(machine: str) -> FakeRunner:
+    """nvidia-smi on a captured machine: the query `site init` makes, cut from the capture's own
+    query of every field, and its `topo -m` as captured."""
+    capture = load(machine)
+
+    def respond(argv: tuple[str, ...]) -> Completed:
+        if argv[:2] == ("nvidia-smi", "--query-gpu=index,pci.bus_id"):
+            return Completed(
+                argv,
+                0,
+                project(capture.output("load", "nvidia-smi --query-gpu="), argv[1][12:].split(",")),
+                "",
+            )
+        if argv[:3] == ("nvidia-smi", "topo", "-m"):
+            return Completed(argv, 0, capture.output("capabilities", "nvidia-smi topo -m"), "")
+        return Completed(argv, 1, "", f"unexpected {argv}")
+
+    return FakeRunner(respond)
+
+
+BUS = {"h100": "0000:00:09.0", "h100-mig": "0000:00:09.0", "h200": "0000:83:00.0", "l40s": "0000:01:00.0"}
+
+
+@needs_captures
+@pytest.mark.parametrize("machine", MACHINES)
+def test_site_init_on_a_recorded_gpu_node_gives_numa_nodes_and_bus_ids(
+    machine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`site init` run on node3 of the recording, a captured GPU machine: nvidia-smi's --query-gpu
+    gives the bus id, `topo -m` the NUMA node, the driver's minor Slurm's number."""
+    monkeypatch.setattr(onboard.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(onboard.socket, "gethostname", lambda: "node3.cluster")
+    runner = smi_runner(machine)
+    driver = driver_layout(tmp_path / "gpus", {BUS[machine]: 0})
+    local = onboard.local_gpus(runner, driver)
+    assert local == onboard.LocalGpus("node3", (onboard.NodeGpu(0, BUS[machine], 0),), True)
+    facts = dataclasses.replace(with_gres(recorded(), Gres("gpu", "", 1, ())), local_gpus=local)
+    draft = build_site(facts, None)
+    assert draft.data["nodes"]["gpus"] == [{"index": 0, "numa_node": 0, "pci_bus_id": BUS[machine]}]
+    assert draft.notes["nodes.gpus"].startswith("From nvidia-smi on node3 (among the nodes described)")
+    site = tmp_path / "site.yaml"
+    site.write_text(to_yaml(draft))
+    filled = {k: v for k, v in FILLED.items() if k != "nodes.gpus"}
+    loaded = load_site(fill_todos(site, filled, tmp_path / "filled.yaml"))
+    assert [(g.index, g.numa_node, g.pci_bus_id) for g in loaded.nodes.gpus] == [(0, 0, BUS[machine])]
+
+
+@needs_captures
+def test_site_init_numbers_gpus_by_slurms_number_and_keeps_slurm_where_nvidia_smi_disagrees(
+    tmp_path: Path,
+) -> None:
+    capture = load("h100")
+    query = multiply(
+        capture.output("load", "nvidia-smi --query-gpu="), ["00000000:3B:00.0", "00000000:18:00.0"]
+    )
+    driver = numbering.read_driver(driver_layout(tmp_path / "gpus", {"0000:3b:00.0": 0, "0000:18:00.0": 1}))
+    local = onboard.describe_gpus(query, "", driver, "login1")
+    # NVML's index 0 is bus 18 (PCI order), Slurm's 0 is minor 0 at 3b: listed by Slurm's number.
+    assert [(g.index, g.pci_bus_id) for g in local.gpus] == [(0, "0000:3b:00.0"), (1, "0000:18:00.0")]
+    assert local.slurm_numbers and all(g.numa_node is None for g in local.gpus)  # no topo -m
+    without = onboard.describe_gpus(query, "", None, "login1")
+    assert not without.slurm_numbers and [g.index for g in without.gpus] == [0, 1]
+    # Two GPUs here, but no NUMA node from topo -m: Slurm's gres binding is kept, with a note.
+    facts = with_gres(recorded(), Gres("gpu", "h100", 2, (0,)))
+    draft = build_site(dataclasses.replace(facts, local_gpus=local), None)
+    assert draft.data["nodes"]["gpus"] == [{"index": 0, "numa_node": 0}, {"index": 1, "numa_node": 0}]
+    assert draft.notes["nodes.gpus"].startswith("nvidia-smi on login1 shows 2 GPUs (NUMA nodes [None, None])")
+
+
+def test_site_init_without_nvidia_smi_asks_slurm_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onboard.shutil, "which", lambda name: None)
+    runner = FakeRunner(lambda argv: Completed(argv, 1, "", "not expected"))
+    assert onboard.local_gpus(runner) is None and runner.calls == []

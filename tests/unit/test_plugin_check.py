@@ -467,7 +467,118 @@ def test_check_site_reads_slurm_settings_from_scontrol_and_each_node_through_sru
     assert "Contain" in bad[("controller", "slurm.conf PrologFlags")].detail  # PrologFlags=Alloc there
     assert "proctrack/linuxproc" in bad[("controller", "slurm.conf ProctrackType")].detail
     assert bad[("n02", "node reachable")].detail.endswith("Invalid node name")
+    # PreemptMode read from the recorded config; the partitions were not listed, and it says so.
+    preempt = next(f for f in report.findings if f.item == "slurm.conf PreemptMode")
+    assert preempt.status is pc.Status.OK and preempt.detail.startswith(
+        "PreemptMode=OFF, PreemptType=preempt/none"
+    )
+    assert "could not be listed" in preempt.detail
     assert bad[("n01", "policy file")].status is pc.Status.MISSING
     assert bad[("n01", "policy file")].path == "/etc/slurm/slurm-chaos-policy.toml"
     srun = [c for c in runner.calls if c[0] == "srun" and "--nodelist=n01" in c]
     assert srun and all("--partition=batch" in c and "--reservation=maint" in c for c in srun)
+
+
+# ------------------------------------------------------------------------------ #27 acceptance
+
+
+def test_a_world_writable_plugstack_conf_is_named(inst: Install) -> None:
+    inst.p("etc/plugstack.conf").chmod(0o666)
+    f = inst.problems()[("node1", "plugstack.conf")]
+    assert (
+        f.status is pc.Status.UNSAFE and "writable by others (mode 666)" in f.detail and "chmod go-w" in f.fix
+    )
+
+
+def test_a_root_owned_link_to_a_users_file_is_named_wherever_it_is(inst: Install) -> None:
+    """Every link and its target, and the directories on the way, must be root's (#27 finding 15):
+    for the files root reads, and for what is under the import root's package and an include glob."""
+    # plugstack.conf itself: a root-owned link into a user's directory.
+    mine = _write(inst.p("home/alice/plugstack.conf"), inst.p("etc/plugstack.conf").read_text())
+    inst.give_to_user("home/alice")
+    inst.p("etc/plugstack.conf").unlink()
+    inst.p("etc/plugstack.conf").symlink_to(mine)
+    f = inst.problems()[("node1", "plugstack.conf")]
+    assert f.status is pc.Status.UNSAFE and f"{inst.p('home/alice')} is owned by uid {USER}" in f.detail
+    inst.p("etc/plugstack.conf").unlink()
+    _write(inst.p("etc/plugstack.conf"), mine.read_text())
+    assert ("node1", "plugstack.conf") not in inst.problems()
+    # A root-owned link inside the package, to a module the user writes: root imports it.
+    evil = _write(inst.p("home/alice/evil.py"), "import os\n")
+    (inst.p("src/slurm_chaos") / "faults.py").symlink_to(evil)
+    f = inst.problems()[("node1", "prolog hook import root")]
+    assert f.status is pc.Status.UNSAFE
+    assert f"{inst.p('src/slurm_chaos/faults.py')} -> {evil}" in f.detail
+    assert f"{inst.p('home/alice')} is owned by uid {USER}" in f.detail
+    # A root-owned link to a root-owned file in a root-owned directory is fine.
+    (inst.p("src/slurm_chaos") / "faults.py").unlink()
+    (inst.p("src/slurm_chaos") / "faults.py").symlink_to(inst.p("src/slurm_chaos/__init__.py"))
+    assert ("node1", "prolog hook import root") not in inst.problems()
+    # An include glob whose directory holds a root-owned link to the user's file.
+    conf = inst.p("etc/plugstack.conf")
+    conf.write_text(conf.read_text() + f"include {inst.p('etc/plugstack.d')}/*.conf\n")
+    inst.p("etc/plugstack.d").mkdir()
+    (inst.p("etc/plugstack.d") / "site.conf").symlink_to(mine)
+    f = inst.problems()[("node1", "plugstack include")]
+    assert f.status is pc.Status.UNSAFE and f.path == str(inst.p("etc/plugstack.d/site.conf"))
+
+
+def test_runner_files_list_links_for_their_chain_to_be_judged() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    def answer(argv: tuple[str, ...]) -> Completed:
+        seen.append(argv)
+        return Completed(argv, 0, "/pkg/link.py\n", "")
+
+    assert pc.RunnerFiles(FakeRunner(answer)).unsafe_below("/pkg") == ["/pkg/link.py"]
+    assert seen[0] == (
+        "find", "/pkg", "-mindepth", "1", "(", "!", "-uid", "0", "-o", "-type", "l", "-o",
+        "-perm", "/022", ")", "-print",
+    )  # fmt: skip
+
+
+def test_a_partition_that_preempts_by_suspension_is_named_with_the_fix(inst: Install) -> None:
+    """#27 finding 12: a suspended job runs no epilog while the preempting job gets the node."""
+    item = ("controller", "slurm.conf PreemptMode")
+    assert item not in inst.problems()
+    suspending = replace(inst.exp.config, preempt_mode="SUSPEND,GANG", preempt_type="preempt/partition_prio")
+    inst.exp = replace(inst.exp, config=suspending, partitions=(("debug", ""), ("batch", "REQUEUE")))
+    f = inst.problems()[item]
+    assert f.status is pc.Status.UNSAFE
+    assert (
+        f.detail.startswith("debug (PreemptMode=SUSPEND,GANG) preempt by suspension")
+        and "batch" not in f.detail
+    )
+    assert "PreemptMode=REQUEUE" in f.fix and "allowed_partitions" in f.fix
+    # The policy keeps to the partition that requeues: nothing to fear.
+    inst.exp = replace(inst.exp, allowed_partitions=("batch",))
+    assert item not in inst.problems()
+    # Partitions not listed: the cluster-wide mode is judged, and it says so.
+    inst.exp = replace(inst.exp, partitions=None, allowed_partitions=None)
+    assert "(the partitions could not be listed: cluster-wide)" in inst.problems()[item].detail
+    # PreemptMode=SUSPEND without a preemption plugin suspends nothing; GANG alone does (time-slicing).
+    none = replace(suspending, preempt_mode="SUSPEND", preempt_type="preempt/none")
+    inst.exp = replace(inst.exp, config=none, partitions=(("debug", ""),))
+    assert item not in inst.problems()
+    inst.exp = replace(inst.exp, partitions=(("debug", "GANG"),))
+    assert "debug (PreemptMode=GANG)" in inst.problems()[item].detail
+
+
+def test_partition_modes_are_read_from_an_images_slurm_conf() -> None:
+    text = (
+        "PreemptMode=SUSPEND,GANG\n"
+        "PartitionName=DEFAULT PreemptMode=REQUEUE  # the site's default\n"
+        "PartitionName=batch Nodes=n[1-4]\n"
+        "partitionname=gpu Nodes=g1 PreemptMode=SUSPEND\n"
+        "NodeName=n1 CPUs=4\n"
+    )
+    assert pc.partition_modes(text) == {"batch": "REQUEUE", "gpu": "SUSPEND"}
+
+
+def test_partition_preempt_modes_are_read_from_recorded_scontrol_output() -> None:
+    from slurm_chaos.slurm.parse import parse_scontrol_partitions
+
+    parts = parse_scontrol_partitions(
+        (DATA / "slurm-22.05" / "scontrol_show_partition_oneliner.txt").read_text()
+    )
+    assert parts and all(p.preempt_mode == "OFF" for p in parts.values())

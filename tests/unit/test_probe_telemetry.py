@@ -10,7 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gpu_captures import MACHINES, load, needs_captures
 
+from slurm_chaos.gpu import nvsmi
 from slurm_chaos.probe import telemetry as tel
 from slurm_chaos.probe.schema import TELEMETRY_FIELDS
 from slurm_chaos.resources import import_root
@@ -180,3 +182,55 @@ def test_load_nvml_without_gpu_says_why() -> None:
     if nvml is not None:
         pytest.skip("NVML works on this machine")
     assert why and "\n" not in why
+
+
+class CapturedNvml(FakeNvml):
+    """NVML answering with the values a captured GPU's nvidia-smi query shows (NVML is where
+    nvidia-smi reads them: power in mW, clocks in MHz, the clock-event reasons' bitmask)."""
+
+    def __init__(self, row: dict[str, str | None]) -> None:
+        super().__init__()
+        self.row = row
+        self.reasons = nvsmi.bitmask(row["clocks_event_reasons.active"]) or 0
+
+    def _number(self, field: str) -> float:
+        value = nvsmi.number(self.row[field])
+        if value is None:
+            raise RuntimeError("NVMLError_NotSupported")
+        return value
+
+    def nvmlDeviceGetTemperature(self, handle: str, sensor: int) -> int:
+        return int(self._number("temperature.gpu"))
+
+    def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
+        return round(self._number("power.draw") * 1000)
+
+    def nvmlDeviceGetClockInfo(self, handle: str, clock: int) -> int:
+        return int(self._number("clocks.current.sm"))
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: str, kind: int, counter: int) -> int:
+        which = "uncorrected" if kind == self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
+        return int(self._number(f"ecc.errors.{which}.volatile.total"))
+
+
+@needs_captures
+@pytest.mark.parametrize("phase", ["idle", "load"])
+@pytest.mark.parametrize("machine", MACHINES)
+def test_sampler_on_the_captured_gpus(machine: str, phase: str, tmp_path: Path) -> None:
+    """Each sample holds what the GPU reported; idle (gpu_idle) and unthrottled load raise no event."""
+    (row,) = nvsmi.parse_query(load(machine).output(phase, "nvidia-smi --query-gpu="))
+    sampler = tel.NvmlSampler(CapturedNvml(row), 0)
+    _, values = sampler.sample_once()
+    sample = dict(zip(TELEMETRY_FIELDS, values, strict=True))
+    assert sample["gpu_sm_clock_mhz"] == nvsmi.number(row["clocks.current.sm"])
+    assert sample["gpu_power_w"] == pytest.approx(nvsmi.number(row["power.draw"]))
+    assert sample["gpu_temp_c"] == nvsmi.number(row["temperature.gpu"])
+    assert sample["gpu_throttle_reasons"] == nvsmi.bitmask(row["clocks_event_reasons.active"])
+    assert (sample["gpu_ecc_volatile_dbe"], sample["gpu_ecc_volatile_sbe"]) == (0, 0)
+    assert sampler.drain()[1] == []
+    # NVML's bus id (00000000:00:09.0) finds the GPU's NUMA node in sysfs (0000:00:09.0).
+    bus = row["pci.bus_id"]
+    assert bus is not None
+    (tmp_path / tel.sysfs_bus_id(bus)).mkdir()
+    (tmp_path / tel.sysfs_bus_id(bus) / "numa_node").write_text("0\n")
+    assert tel.pci_numa_node(bus, tmp_path) == 0

@@ -210,6 +210,8 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
             "non-empty",
         ),
         (lambda d: d["checkpoint"].update(path="/scratch//ckpt/"), "checkpoint.path", "empty component"),
+        (lambda d: d["slurm"].update(time_limit="1-2-3"), "slurm.time_limit", "does not match"),
+        (lambda d: d["slurm"].update(time_limit="30m"), "slurm.time_limit", "does not match"),
         (lambda d: d.update(features={"fast": "n[07-09]"}), "features.fast", "['n09'] are in no partition"),
     ],
 )

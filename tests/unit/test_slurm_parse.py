@@ -402,3 +402,34 @@ def test_scontrol_config_of_slurm_24_11_numbers_its_prolog_and_epilog() -> None:
         "/etc/slurm/epilog",
         ("Alloc", "Contain"),
     )
+
+
+# ------------------------------------------------------------------ time limits (sbatch --time)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 30 * 60),  # a bare number is minutes
+        ("30:15", 30 * 60 + 15),  # MM:SS
+        ("02:03:04", 2 * 3600 + 3 * 60 + 4),  # HH:MM:SS
+        ("1-02", 26 * 3600),  # D-HH
+        ("1-02:30", 26 * 3600 + 30 * 60),  # D-HH:MM
+        ("1-02:30:05", 26 * 3600 + 30 * 60 + 5),  # D-HH:MM:SS
+        ("00:30:00", 1800),
+        (" 45 ", 45 * 60),
+    ],
+)
+def test_time_limit_reads_each_of_slurms_formats(text: str, seconds: int) -> None:
+    assert parse.parse_time_limit(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["UNLIMITED", "infinite"])
+def test_an_unlimited_time_limit_has_no_seconds(text: str) -> None:
+    assert parse.parse_time_limit(text) is None
+
+
+@pytest.mark.parametrize("text", ["", "1-2-3", "1:2:3:4", "-5", "1-", "30m", "1-02:03:04:05"])
+def test_a_malformed_time_limit_names_the_formats(text: str) -> None:
+    with pytest.raises(ValueError, match="MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"):
+        parse.parse_time_limit(text)

@@ -16,8 +16,11 @@ node has anything of slurm-chaos newer than its last tidy state) stops the job's
 its journal, removes its grant file, then reverts this node's journals whose deadline passed and
 removes expired grants.
 
-Every failure is logged with the 'slurm-chaos:' prefix and the exit code is always 0: a hook's
-own failure must never drain the node.
+Every failure is logged with the 'slurm-chaos:' prefix. A hook that leaves an undo undone (the
+job's own, or a stale one it retried; or it crashed with the job's journal still pending) drains
+the node with the reason ``slurm-chaos: undo failed: ...`` and exits EXIT_UNDO_FAILED: a node
+that still holds a fault must not go back into service. Any other failure exits 0: a hook's own
+failure must never drain the node.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pathlib import Path
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import agent, authz, injection
 from slurm_chaos.faults.cleanup import cleanup, mark_tidy
-from slurm_chaos.faults.journal import DEFAULT_ROOT
+from slurm_chaos.faults.hooks import EXIT_UNDO_FAILED, undo_failed_reason
+from slurm_chaos.faults.journal import DEFAULT_ROOT, Journal, Outcome
 from slurm_chaos.faults.node_base import log
 from slurm_chaos.faults.node_gpu import parse_job_gpus
 from slurm_chaos.faults.policy import POLICY_NAME, PolicyError
@@ -62,14 +66,19 @@ def deadline_s(decision: authz.Decision, env: Mapping[str, str], default: float,
     return _deadline(env, default)
 
 
-def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> None:
-    """Revert this node's leftovers whose deadline passed and remove expired grants (no Slurm call
-    from a hook: by deadline only)."""
+def _stale(args: argparse.Namespace, node: str, runner: Runner, kind: str) -> list[str]:
+    """Revert this node's leftovers whose deadline passed (or whose undo failed before) and remove
+    expired grants (no Slurm call from a hook: by deadline only); returns what failed."""
     lines = cleanup(
         args.journal_root, [node], runner, job_running=lambda _job: None, grant_default_s=args.deadline
     )
     for line in lines:
-        log.info("%s cleanup: %s", kind, line)
+        (log.error if line.failed else log.info)("%s cleanup: %s", kind, line)
+    return _failed(lines)
+
+
+def _failed(outcomes: list[Outcome]) -> list[str]:
+    return [o.what for o in outcomes if o.failed]
 
 
 def _decide(
@@ -93,11 +102,15 @@ def _decide(
     return decision
 
 
-def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler) -> None:
+def prolog(
+    args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler
+) -> list[str]:
+    """Tidy this node, then decide on the job and apply what is granted; returns the undos of stale
+    leftovers that failed (the node must not take the job)."""
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     if not job.isdigit() or not node:
         log.error("prolog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
-        return
+        return []
     # First of all: a grant holds for one run of the job. One left under this id (a node that
     # crashed, a controller whose state was reset and now hands the id out again) grants nothing.
     for path in authz.remove_grant(args.journal_root, node, job):
@@ -105,16 +118,21 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
             "prolog: job %s on %s: removed a grant left by an earlier run of this job id: %s", job, node, path
         )
     injection.remove(args.journal_root, node, job)  # what an earlier run's faults did says nothing now
-    _stale(args, node, runner, "prolog")
+    failed = _stale(args, node, runner, "prolog")
+    if failed:
+        return failed  # nothing is applied on a node that still holds an earlier job's fault
+    mark_tidy(args.journal_root, node)
+    if args.tidy_only:
+        return []
     decision = _decide(args, job, node, env, scheduler)
     if decision is None:
-        return
+        return []
     deadline = deadline_s(decision, env, args.deadline, time.time())
     authz.write_grant(args.journal_root, decision, time.time() + deadline)
     spec = authz.escaped(decision.spec)
     if not decision.granted:
         log.warning("prolog: job %s on %s: SPEC %s refused: %s", job, node, spec, decision.refused)
-        return
+        return []
     res = agent.apply(
         job,
         node,
@@ -140,19 +158,55 @@ def prolog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, sch
         res.agent_pid,
         res.note,
     )
+    return []
 
 
-def epilog(args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler) -> None:
+def epilog(
+    args: argparse.Namespace, env: Mapping[str, str], runner: Runner, scheduler: Scheduler
+) -> list[str]:
+    """Undo the job's faults, remove its grant, tidy the node; returns the undos that failed."""
     job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
     if not job.isdigit() or not node:
         log.error("epilog: SLURM_JOB_ID or SLURMD_NODENAME missing from the environment")
-        return
-    for line in agent.undo(job, node, args.journal_root, runner):
-        log.info("epilog: job %s on %s: %s", job, node, line)
+        return []
+    undone = agent.undo(job, node, args.journal_root, runner)
+    for line in undone:
+        (log.error if line.failed else log.info)("epilog: job %s on %s: %s", job, node, line)
     authz.remove_grant(args.journal_root, node, job)
     injection.remove(args.journal_root, node, job)  # the job's own step has copied it by now
-    _stale(args, node, runner, "epilog")
-    mark_tidy(args.journal_root, node)
+    # The stale sweep retries the job's own failed undo at once: each failure is named once.
+    failed = list(dict.fromkeys(_failed(undone) + _stale(args, node, runner, "epilog")))
+    if not failed:
+        mark_tidy(args.journal_root, node)
+    return failed
+
+
+def left_undone(journal_root: Path, env: Mapping[str, str]) -> list[str]:
+    """After a hook crashed: the job's own journal's changes still pending (none without a
+    journal; one that cannot be read counts as pending: fail closed)."""
+    job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
+    if not job.isdigit() or not node or "/" in node:
+        return []
+    journal = Journal(journal_root, node, job)
+    try:
+        pending = journal.read().pending() if journal.path.exists() else []
+    except OSError as exc:
+        return [f"{node} job {job}: its journal cannot be read after the hook crashed: {exc.strerror}"]
+    return [f"{node} job {job} {e.fault}: {e.action}: the hook crashed before undoing it" for e in pending]
+
+
+def drain_for(kind: str, env: Mapping[str, str], failed: list[str], scheduler: Scheduler | None) -> int:
+    """Take the node out of service for undos left undone: the reason on stderr (slurmd logs it)
+    and as the node's drain reason; returns EXIT_UNDO_FAILED."""
+    node = env.get("SLURMD_NODENAME", "")
+    reason = undo_failed_reason(failed[0], len(failed) - 1)
+    log.error("%s: %s: draining %s", kind, reason, node or "?")
+    if node and scheduler is not None:
+        try:
+            scheduler.drain(node, reason)
+        except Exception as exc:  # the non-zero exit still fails the hook in slurmd
+            log.error("%s: cannot drain %s: %s", kind, node, exc)
+    return EXIT_UNDO_FAILED
 
 
 def _default_policy(env: Mapping[str, str]) -> Path:
@@ -181,16 +235,23 @@ def main(
         help="seconds until the watchdog undoes a job's faults when slurmctld gave the prolog no end time",
     )
     p.add_argument("--ckpt-root", action="append", default=[], help="an allowed checkpoint root (repeatable)")
+    p.add_argument(
+        "--tidy-only",
+        action="store_true",
+        help="prolog: only revert this node's stale leftovers (the policy cannot name the job's user)",
+    )
     args = p.parse_args(argv)
     agent.setup_logging(args.log_file)
     agent.ensure_system_path()
     run = runner or SubprocessRunner()
+    slurm = scheduler
     try:
-        slurm = scheduler or make_scheduler({k: v for k, v in environ.items() if k == "SLURM_CONF"}, run)
-        (prolog if args.kind == "prolog" else epilog)(args, environ, run, slurm)
-    except Exception:  # never let a hook's own failure drain the node
+        slurm = slurm or make_scheduler({k: v for k, v in environ.items() if k == "SLURM_CONF"}, run)
+        failed = (prolog if args.kind == "prolog" else epilog)(args, environ, run, slurm)
+    except Exception:  # a hook's own failure drains the node only if it left an undo undone
         log.error("%s failed for job %s:\n%s", args.kind, environ.get("SLURM_JOB_ID"), traceback.format_exc())
-    return 0
+        failed = left_undone(args.journal_root, environ) if args.kind == "epilog" else []
+    return drain_for(args.kind, environ, failed, slurm) if failed else 0
 
 
 if __name__ == "__main__":
