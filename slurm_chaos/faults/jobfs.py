@@ -18,6 +18,11 @@ it is renamed into a root-owned trash directory, whose entries are emptied one d
 each subdirectory found being moved up into the trash (flattening the tree: two descriptors open
 whatever its depth), within a time budget; what is left is removed by the next sweep. A job's path
 is free as soon as it is renamed, so a leftover never blocks the node.
+
+A sweep takes back the storage of jobs that no longer run: as the controller says (``slurm-chaos
+cleanup``), or on the node itself as slurmd's spool directory says (no step socket of the job
+there, and storage older than :data:`GRACE_S`). A job it cannot tell about is kept: a leftover
+costs at most its limits.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from slurm_chaos.runner import Runner
 
 #: The filesystem name of our mounts (the "source" column of /proc/self/mountinfo).
 FSNAME = "slurm-chaos-job"
-#: Where trees on their way out wait, below the storage root (readers skip names starting with ".").
+#: Where trees on their way out wait, in each node's directory (readers skip names starting with ".").
 TRASH = ".trash"
 MOUNTINFO = Path("/proc/self/mountinfo")
 #: At most this many mounts stacked on one path are detached; more is refused.

@@ -379,8 +379,9 @@ def _checked_dir(name: str, dir_fd: int | None, owner: int) -> int:
     return fd
 
 
-#: Seconds a hook spends at most emptying the node's trash (the hook's own timeout is 20 s).
-TRASH_BUDGET_S = 8.0
+#: Seconds a hook spends at most emptying the node's trash, twice (its job's and the sweep's):
+#: well within the hook's own timeout of 20 s.
+TRASH_BUDGET_S = 5.0
 
 
 def _job_storage(directory: Path | str, runner: Runner | None, limits: Limits | None) -> JobStorage:
@@ -490,7 +491,8 @@ def sweep_node(
         return []
     storage = _job_storage(directory, runner, None)
     conf = env.get("SLURM_CONF", "")
-    spool = jobfs.slurmd_spool(Path(conf) if conf.startswith("/") else None, node, this_node())
+    host = socket.gethostname().split(".")[0]
+    spool = jobfs.slurmd_spool(Path(conf) if conf.startswith("/") else None, node, host)
     running = jobfs.job_running(
         storage, node, jobfs.steps_on_node(spool, node), time.time() if now is None else now
     )
