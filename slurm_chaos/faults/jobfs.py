@@ -372,20 +372,35 @@ DEFAULT_SPOOL = Path("/var/spool/slurmd")
 GRACE_S = 600.0
 
 
+def slurm_conf_value(slurm_conf: Path | None, key: str) -> str | None:
+    """A setting of slurm.conf itself (not of a file it includes), or None."""
+    if slurm_conf is None:
+        return None
+    try:
+        text = slurm_conf.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.split("#", 1)[0].strip().partition("=")
+        if name.strip().lower() == key.lower() and value.strip():
+            return value.strip()
+    return None
+
+
 def slurmd_spool(slurm_conf: Path | None, node: str, host: str = "") -> Path:
     """slurmd's spool directory on `node`: slurm.conf's SlurmdSpoolDir (``%n`` the node name, ``%h``
     the host name), else Slurm's default."""
-    text = ""
-    if slurm_conf is not None:
-        try:
-            text = slurm_conf.read_text(errors="replace")
-        except OSError:
-            text = ""
-    for line in text.splitlines():
-        key, _, value = line.split("#", 1)[0].strip().partition("=")
-        if key.strip().lower() == "slurmdspooldir" and value.strip():
-            return Path(value.strip().replace("%n", node).replace("%h", host or node))
-    return DEFAULT_SPOOL
+    value = slurm_conf_value(slurm_conf, "SlurmdSpoolDir")
+    if value is None:
+        return DEFAULT_SPOOL
+    return Path(value.replace("%n", node).replace("%h", host or node))
+
+
+def contained(slurm_conf: Path | None) -> bool:
+    """Whether every job keeps a step on each of its nodes for its whole life (``PrologFlags`` with
+    ``Contain``: the extern step); without it a job between two steps has none."""
+    flags = slurm_conf_value(slurm_conf, "PrologFlags") or ""
+    return "contain" in {f.strip().lower() for f in flags.split(",")}
 
 
 def steps_on_node(spool: Path, node: str) -> Callable[[str], bool | None]:

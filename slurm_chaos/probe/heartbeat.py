@@ -484,15 +484,17 @@ def sweep_node(
     directory: Path | str, node: str, runner: Runner | None, env: Mapping[str, str], now: float | None = None
 ) -> list[str]:
     """Take back the heartbeat storage of jobs that no longer run on `node`, as Slurm's own step
-    sockets in slurmd's spool directory say (``SlurmdSpoolDir`` of ``$SLURM_CONF``); a job the
-    spool cannot tell about, or whose storage is recent, is kept. Empties the node's trash within
-    TRASH_BUDGET_S."""
+    sockets in slurmd's spool directory say (``SlurmdSpoolDir`` of ``$SLURM_CONF``, only with
+    ``PrologFlags=Contain``); a job the spool cannot tell about, or whose storage is recent, is
+    kept. Empties the node's trash within TRASH_BUDGET_S."""
     if not NAME_RE.fullmatch(node):
         return []
     storage = _job_storage(directory, runner, None)
     conf = env.get("SLURM_CONF", "")
-    host = socket.gethostname().split(".")[0]
-    spool = jobfs.slurmd_spool(Path(conf) if conf.startswith("/") else None, node, host)
+    slurm_conf = Path(conf) if conf.startswith("/") else None
+    if not jobfs.contained(slurm_conf):
+        return jobfs.sweep(storage, [node], lambda _job: None, TRASH_BUDGET_S)  # the trash only
+    spool = jobfs.slurmd_spool(slurm_conf, node, socket.gethostname().split(".")[0])
     running = jobfs.job_running(
         storage, node, jobfs.steps_on_node(spool, node), time.time() if now is None else now
     )

@@ -319,7 +319,7 @@ def test_the_hooks_sweep_storage_of_jobs_slurm_no_longer_runs_on_the_node(tmp_pa
     for d in (tmp_path / "spool", spool):
         d.chmod(0o755)
     conf = tmp_path / "slurm.conf"
-    conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\n")
+    conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\nPrologFlags=Alloc\n")
     env = {
         "SLURMD_NODENAME": "node3",
         "SLURM_JOB_UID": "4242",
@@ -333,6 +333,9 @@ def test_the_hooks_sweep_storage_of_jobs_slurm_no_longer_runs_on_the_node(tmp_pa
         with socket.socket(socket.AF_UNIX) as sock:
             sock.bind(str(spool / "node3_6.4294967291"))  # job 6 still has its extern step
         now = time.time()
+        # Without the extern step a job between two steps has none on the node: nothing is taken.
+        assert sweep_node(base, "node3", None, env, now + 2 * jobfs.GRACE_S) == []
+        conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\nPrologFlags=Alloc,Contain\n")
         assert sweep_node(base, "node3", None, env, now) == []  # both too recent to tell
         done = sweep_node(base, "node3", None, env, now + 2 * jobfs.GRACE_S)
         assert done == [
