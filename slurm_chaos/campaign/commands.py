@@ -210,7 +210,8 @@ def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None)
     runner = SubprocessRunner(base_env=site.slurm_env())
     if run_dir is not None:
         refuse_untrusted_run_dir(run_dir)
-    done = cleanup(site_journal_root(site), nodes, runner)
+    heartbeats = [Path(site.monitoring.heartbeat_dir)] if site.monitoring.heartbeat_dir else []
+    done = cleanup(site_journal_root(site), nodes, runner, storage_roots=heartbeats)
     if run_dir is not None:
         conn = connect(site)
         lines = cancel_run_jobs(run_dir, conn.scheduler)

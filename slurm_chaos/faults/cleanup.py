@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_chaos.faults import node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
+from slurm_chaos.faults import jobfs, node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
 from slurm_chaos.faults.authz import GRANT_SUFFIX, expired_grants
 from slurm_chaos.faults.journal import (
     Header,
@@ -117,6 +117,8 @@ def stale_reason(state: State, job_running: bool | None, now: float) -> str | No
 #: Written by the epilog when a node holds nothing pending: its hook script runs Python for a job
 #: without faults only when a journal or grant is newer than this file.
 TIDY_NAME = ".tidy"
+#: Seconds a cleanup spends at most emptying one node's trash of per-job storage.
+STORAGE_BUDGET_S = 10.0
 #: How long a grant without an ``until`` (written before grants had one) may stay.
 GRANT_DEFAULT_S = 4 * 3600.0
 
@@ -128,6 +130,7 @@ def cleanup(
     job_running: JobProbe | None = None,
     now: float | None = None,
     grant_default_s: float = GRANT_DEFAULT_S,
+    storage_roots: Sequence[Path] = (),
 ) -> list[Outcome]:
     """Revert stale journals under `journal_root` (of `nodes` only, if given) and remove expired
     grants; returns what was done.
@@ -135,6 +138,8 @@ def cleanup(
     A journal is stale when its deadline passed, its job ended (asked of the controller unless
     `job_running` says otherwise) or an earlier undo failed part-way. Failures are returned too
     (``Outcome.failed``), and stay pending for the next run. A grant expires at its ``until``.
+    Per-job storage under `storage_roots` (heartbeat directories, :mod:`~slurm_chaos.faults.jobfs`)
+    of jobs that ended is unmounted and removed; one whose job may still run is kept.
     """
     probe = job_running or node_scheduler(runner).job_running
     t = time.time() if now is None else now
@@ -155,6 +160,10 @@ def cleanup(
         if reason:
             path.unlink(missing_ok=True)
             out.append(Outcome(f"grant {path} removed [{reason}]"))
+    for root in storage_roots:
+        for line in jobfs.sweep(jobfs.JobStorage(root, runner), nodes, probe, STORAGE_BUDGET_S):
+            failed = line.startswith("FAILED: ")
+            out.append(Outcome(line.removeprefix("FAILED: "), failed=failed))
     return out
 
 

@@ -8,15 +8,23 @@ acts now. It can say nothing else: the root agent never takes a SPEC, a path or 
 Layout, per node and job, beside the job's journal::
 
     <journal root>/<node>/<job>.control/      root:root 0755, made by the agent at apply
-        request                               the job's uid, 0600; made (O_EXCL) by the agent,
-                                              written in place by one rank per node
+        request                               root:<job's gid> 0620, a Unix datagram socket the
+                                              agent binds; one rank per node sends to it
         ack                                   root 0644, replaced atomically by the agent
 
-``request`` holds one fixed-width record, :func:`format_request`: ``EPOCH STATE CRC\\n`` with a
+Nothing in the directory is the job's user's: ``request`` is a socket, not a file, so what the
+user sends to it sits in the socket's bounded queue in kernel memory, never on the journal's
+filesystem, and the user can neither own, grow, truncate nor hard-link it (the kernel's
+``protected_hardlinks`` refuses links to a non-regular file one does not own; a socket holds no
+data anyway). Root's journal writes on that filesystem cannot be made to fail by anything the job
+sends. The agent takes a datagram only from the job's uid (or root), as the kernel vouches for
+it (``SCM_CREDENTIALS``): a user in the job's group who may send too is ignored.
+
+A request is one fixed-width datagram, :func:`format_request`: ``EPOCH STATE CRC\\n`` with a
 zero-padded decimal epoch, ``on``/``off`` right-aligned to three characters and the CRC-32 of the
-first two fields in hex. The CRC is there because an in-place write of a regular file is not atomic
-for a reader: a torn record fails it and is read again at the next poll. The epoch increases by one
-per request; the agent ignores a record whose epoch is not above the last one it acted on.
+first two fields in hex; anything else (garbage, a SPEC, a truncated datagram) is dropped. The
+epoch increases by one per request; the agent acts on the latest epoch above the last one it acted
+on, so requests queued while it was busy collapse into the last.
 
 ``ack`` is one JSON object ``{"epoch": E, "state": "on"|"off", "time": T, "error": ""}``: the
 agent's acknowledgement that the fault is in STATE since Unix time T (epoch 0 ``off`` when the
@@ -25,19 +33,22 @@ channel was opened, before the job's tasks start). A non-empty ``error`` says th
 
 Root side (the agent, :class:`ChannelOwner`): the directory is made under the journal's own
 root-owned node directory and checked (owner root, not a link, no group/other write) before every
-use; ``request`` is opened once with ``O_NOFOLLOW`` and read with ``pread`` of at most
-:data:`REQUEST_SIZE` bytes, so the job's user can change its bytes but not what it is. User side
-(the probe, :class:`ChannelClient`): writes requests, polls ``ack``.
+use; the socket is bound once and read without blocking, at most :data:`MAX_READ` datagrams per
+poll. User side (the probe, :class:`ChannelClient`): sends requests, polls ``ack``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import socket
 import stat
+import struct
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -51,6 +62,17 @@ MAX_EPOCH = 10**10 - 1
 _REQUEST = re.compile(rb"\A([0-9]{10}) ( on|off) ([0-9a-f]{8})\n\Z")
 #: How often the agent reads the request while a channel is open (the issue asks for <= 10 ms).
 POLL_S = 0.005
+#: Datagrams read per poll at most: a flood of them never holds the agent in one read.
+MAX_READ = 64
+#: How long a rank's send may wait for room in the agent's queue (it drains every POLL_S).
+SEND_TIMEOUT_S = 0.5
+#: Mode of the request socket: only root and the job's group may send (the agent keeps the job's
+#: uid's datagrams only).
+REQUEST_MODE = 0o620
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+#: A socket's address holds at most 107 bytes of path; a longer one is reached through its
+#: directory's descriptor.
+_SUN_PATH_MAX = 107
 
 
 class State(StrEnum):
@@ -125,13 +147,39 @@ def _check_root_dir(path: Path) -> None:
         raise ChannelError(f"{path}: not a root-owned directory that only root writes")
 
 
+@contextlib.contextmanager
+def _address(directory: Path, name: str) -> Iterator[str]:
+    """The socket address of `directory`/`name`: the path itself, or (too long for an address) the
+    same name through an open descriptor of the directory."""
+    path = str(directory / name)
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
+def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The uid the kernel vouches for in a datagram's SCM_CREDENTIALS, or None without them."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            return int(_UCRED.unpack_from(data)[1])
+    return None
+
+
 @dataclass
 class ChannelOwner:
     """The agent's end: makes the channel, reads requests, writes acknowledgements."""
 
     path: Path
-    fd: int
+    sock: socket.socket
+    uid: int
     last_epoch: int = 0
+    #: Datagrams dropped: malformed, truncated, or from a uid other than the job's and root's.
+    dropped: int = 0
 
     @classmethod
     def create(cls, root: Path, node: str, job_id: str, uid: int, gid: int) -> ChannelOwner:
@@ -150,27 +198,41 @@ class ChannelOwner:
             remove_channel(root, node, job_id)
             os.mkdir(path, 0o755)
         _check_root_dir(path)
-        req = path / REQUEST
-        fd = os.open(req, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
-            os.fchown(fd, uid, gid)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            with _address(path, REQUEST) as address:
+                sock.bind(address)
+            # The directory is root's alone and was made just now: the name is the socket bound.
+            os.chown(path / REQUEST, 0, gid, follow_symlinks=False)
+            os.chmod(path / REQUEST, REQUEST_MODE)
         except OSError:
-            os.close(fd)
+            sock.close()
             raise
-        owner = cls(path, fd)
+        owner = cls(path, sock, uid)
         owner.acknowledge(Ack(0, State.OFF, time.time()))
         return owner
 
     def read(self) -> Request | None:
-        """A new request (epoch above the last one acted on), or None."""
-        try:
-            data = os.pread(self.fd, REQUEST_SIZE + 1, 0)
-        except OSError:
-            return None
-        req = parse_request(data)
-        if req is None or req.epoch <= self.last_epoch:
-            return None
-        return req
+        """The latest new request (epoch above the last one acted on) of the job's user, or None."""
+        latest: Request | None = None
+        for _ in range(MAX_READ):
+            try:
+                data, ancillary, flags, _addr = self.sock.recvmsg(
+                    REQUEST_SIZE + 1, socket.CMSG_SPACE(_UCRED.size), socket.MSG_DONTWAIT
+                )
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                return latest
+            sender = _sender_uid(ancillary)
+            req = None if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) else parse_request(data)
+            if req is None or sender not in (self.uid, 0):
+                self.dropped += 1
+                continue
+            if req.epoch > self.last_epoch and (latest is None or req.epoch > latest.epoch):
+                latest = req
+        return latest
 
     def acknowledge(self, ack: Ack) -> None:
         self.last_epoch = max(self.last_epoch, ack.epoch)
@@ -185,10 +247,7 @@ class ChannelOwner:
         os.replace(tmp, self.path / ACK)
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        self.sock.close()
 
 
 def remove_channel(root: Path, node: str, job_id: str) -> None:
@@ -228,14 +287,21 @@ class ChannelClient:
             return None
 
     def request(self, state: State) -> int:
+        """Send a request for `state`; returns its epoch. OSError when the agent's socket is gone
+        (ECONNREFUSED, ENOENT) or its queue stayed full for SEND_TIMEOUT_S."""
         self.epoch = max(self.epoch, (self.ack() or Ack(0, State.OFF, 0.0)).epoch) + 1
-        fd = os.open(self.path / REQUEST, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.pwrite(fd, format_request(self.epoch, state), 0)
-            os.ftruncate(fd, REQUEST_SIZE)  # whatever was there before, only the record is left
-        finally:
-            os.close(fd)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(SEND_TIMEOUT_S)
+            with _address(self.path, REQUEST) as address:
+                sock.sendto(format_request(self.epoch, state), address)
         return self.epoch
+
+    def is_open(self) -> bool:
+        """Whether the agent's socket is still there (the agent removes it with the channel)."""
+        try:
+            return stat.S_ISSOCK(os.lstat(self.path / REQUEST).st_mode)
+        except OSError:
+            return False
 
     def wait(self, epoch: int, timeout: float, poll: float = 0.001) -> Ack | None:
         """The acknowledgement of `epoch` (or a later one), or None after `timeout` seconds."""

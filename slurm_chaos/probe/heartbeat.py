@@ -5,8 +5,10 @@ at most about once a second. ``<directory>`` is node-local on a real cluster; in
 node shares the host filesystem, hence the node level.
 
 Only root writes ``<directory>`` and its node directories (mode 0755): the prolog
-(``python -m slurm_chaos.probe.heartbeat prolog``) makes the job's own directory there and gives
-it to the job's user, and the epilog removes it. Readers trust a file only as far as that layout
+(``python -m slurm_chaos.probe.heartbeat prolog``) mounts the job's own directory there, a small
+tmpfs of the job's user (:mod:`slurm_chaos.faults.jobfs`: 16 MiB, 4096 inodes by default), and
+the epilog unmounts it. What a job writes there (a large file, a deep tree, millions of files) is
+bounded by that tmpfs and goes with its unmount. Readers trust a file only as far as that layout
 vouches for it: its owner is the job directory's (the job's user), its job is the directory's job,
 its host is the directory's node, and its time is never later than the file's last change (ctime,
 which no user can set). Every file is read on its own: one bad file is skipped, never fatal.
@@ -20,7 +22,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import socket
 import stat
 import sys
@@ -30,6 +31,10 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from slurm_chaos.faults import jobfs
+from slurm_chaos.faults.jobfs import JobStorage, Limits
+from slurm_chaos.runner import Runner, SubprocessRunner
 
 log = logging.getLogger(__name__)
 
@@ -374,70 +379,126 @@ def _checked_dir(name: str, dir_fd: int | None, owner: int) -> int:
     return fd
 
 
-def make_job_dir(directory: Path | str, node: str, job_id: str, uid: int, gid: int) -> Path:
-    """Make ``<directory>/<node>/<job_id>`` for the job's user (run as root by the prolog).
+#: Seconds a hook spends at most emptying the node's trash, twice (its job's and the sweep's):
+#: well within the hook's own timeout of 20 s.
+TRASH_BUDGET_S = 5.0
 
-    The directory is made afresh and only then given to the user: nothing that existed is chowned.
-    One left by an earlier run of the same job id (a requeue) is replaced.
+
+def _job_storage(directory: Path | str, runner: Runner | None, limits: Limits | None) -> JobStorage:
+    return JobStorage(Path(directory), runner or SubprocessRunner(), limits or Limits())
+
+
+def make_job_dir(
+    directory: Path | str,
+    node: str,
+    job_id: str,
+    uid: int,
+    gid: int,
+    runner: Runner | None = None,
+    limits: Limits | None = None,
+) -> Path:
+    """Make ``<directory>/<node>/<job_id>`` for the job's user (run as root by the prolog): a tmpfs
+    of its own with `limits` (:mod:`slurm_chaos.faults.jobfs`), mounted with the user's uid and gid
+    on a directory of root's made afresh. Nothing that existed is chowned; one left by an earlier
+    run of the same job id (a requeue) is taken back first. A failed mount leaves no directory.
     """
     if not (NAME_RE.fullmatch(node) and NAME_RE.fullmatch(job_id)):
         raise ValueError(f"bad node or job name: {node!r}, {job_id!r}")
+    storage = _job_storage(directory, runner, limits)
     root = os.geteuid()
     Path(directory).mkdir(mode=0o755, parents=True, exist_ok=True)
     base_fd = _checked_dir(str(directory), None, root)
     try:
         node_fd = _checked_dir(node, base_fd, root)
+        trash_fd = jobfs.open_trash(node_fd)
         try:
-            shutil.rmtree(job_id, dir_fd=node_fd, ignore_errors=True)  # fd-based: no symlink is followed
-            os.mkdir(job_id, 0o755, dir_fd=node_fd)
-            fd = os.open(job_id, _DIR_FLAGS, dir_fd=node_fd)
-            try:
-                os.fchown(fd, uid, gid)
-                os.fchmod(fd, 0o755)
-            finally:
-                os.close(fd)
+            storage.take_back(node, job_id, node_fd, trash_fd)
+            jobfs.empty_trash(trash_fd, TRASH_BUDGET_S)
+            return storage.give(node_fd, node, job_id, uid, gid)
         finally:
+            os.close(trash_fd)
             os.close(node_fd)
     finally:
         os.close(base_fd)
-    return Path(directory) / node / job_id
 
 
-def remove_job_dir(directory: Path | str, node: str, job_id: str) -> None:
-    """Remove the job's heartbeat directory and whatever the job left in it (run as root by the epilog)."""
+def remove_job_dir(directory: Path | str, node: str, job_id: str, runner: Runner | None = None) -> list[str]:
+    """Take the job's heartbeat storage back (run as root by the epilog): unmount it, remove its
+    directory, and empty the node's trash for at most TRASH_BUDGET_S (the rest is the next hook's).
+    Returns what was done."""
     if not (NAME_RE.fullmatch(node) and NAME_RE.fullmatch(job_id)):
         raise ValueError(f"bad node or job name: {node!r}, {job_id!r}")
+    storage = _job_storage(directory, runner, None)
     try:
-        node_fd = os.open(str(Path(directory) / node), _DIR_FLAGS)
+        node_fd, st = _open_dir(str(Path(directory) / node))
     except FileNotFoundError:
-        return
+        return []
     try:
-        shutil.rmtree(job_id, dir_fd=node_fd, ignore_errors=True)
+        if st.st_uid != os.geteuid() or not _private(st):
+            raise PermissionError(f"{Path(directory) / node}: not a directory of root's alone")
+        trash_fd = jobfs.open_trash(node_fd)
+        try:
+            done = storage.take_back(node, job_id, node_fd, trash_fd)
+            if not jobfs.empty_trash(trash_fd, TRASH_BUDGET_S):
+                done.append(f"{Path(directory) / node / jobfs.TRASH}: not empty yet (left to the next hook)")
+            return done
+        finally:
+            os.close(trash_fd)
     finally:
         os.close(node_fd)
 
 
-def hook_main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+def hook_main(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, runner: Runner | None = None
+) -> int:
     """``python -m slurm_chaos.probe.heartbeat prolog|epilog --dir D``: always exits 0 (a hook's own
     failure must never drain the node); problems go to stderr with the 'slurm-chaos:' prefix."""
     p = argparse.ArgumentParser(prog="python -m slurm_chaos.probe.heartbeat")
     p.add_argument("kind", choices=["prolog", "epilog"])
     p.add_argument("--dir", type=Path, required=True, help="the heartbeat directory")
+    p.add_argument("--size", type=int, default=Limits.size, help="bytes of a job's heartbeat tmpfs")
+    p.add_argument("--inodes", type=int, default=Limits.inodes, help="files of a job's heartbeat tmpfs")
     args = p.parse_args(argv)
     environ = os.environ if env is None else env
     job, node = environ.get("SLURM_JOB_ID", ""), environ.get("SLURMD_NODENAME", "")
     try:
         if args.kind == "epilog":
-            remove_job_dir(args.dir, node, job)
-            return 0
-        uid = int(environ["SLURM_JOB_UID"])
-        gid = int(environ.get("SLURM_JOB_GID") or _primary_gid(uid))
-        make_job_dir(args.dir, node, job, uid, gid)
-    except (OSError, ValueError, KeyError) as exc:
+            remove_job_dir(args.dir, node, job, runner)
+        else:
+            uid = int(environ["SLURM_JOB_UID"])
+            gid = int(environ.get("SLURM_JOB_GID") or _primary_gid(uid))
+            make_job_dir(args.dir, node, job, uid, gid, runner, Limits(args.size, args.inodes))
+    except Exception as exc:  # never into slurmd: whatever the job left, the hook reports and ends
         print(
             f"slurm-chaos: heartbeat {args.kind}: job {job or '?'} on {node or '?'}: {exc}", file=sys.stderr
         )
+    try:
+        for line in sweep_node(args.dir, node, runner, environ):
+            print(f"slurm-chaos: heartbeat {args.kind} sweep on {node}: {line}", file=sys.stderr)
+    except Exception as exc:
+        print(f"slurm-chaos: heartbeat {args.kind} sweep on {node or '?'}: {exc}", file=sys.stderr)
     return 0
+
+
+def sweep_node(
+    directory: Path | str, node: str, runner: Runner | None, env: Mapping[str, str], now: float | None = None
+) -> list[str]:
+    """Take back the heartbeat storage of jobs that no longer run on `node`, as Slurm's own step
+    sockets in slurmd's spool directory say (``SlurmdSpoolDir`` of ``$SLURM_CONF``, only with
+    ``PrologFlags=Contain``); a job the spool cannot tell about, or whose storage is recent, is
+    kept. Empties the node's trash within TRASH_BUDGET_S."""
+    if not NAME_RE.fullmatch(node):
+        return []
+    storage = _job_storage(directory, runner, None)
+    conf = env.get("SLURM_CONF", "")
+    slurm_conf = Path(conf) if conf.startswith("/") else None
+    if not jobfs.contained(slurm_conf):
+        return jobfs.sweep(storage, [node], lambda _job: None, TRASH_BUDGET_S)  # the trash only
+    spool = jobfs.slurmd_spool(slurm_conf, node, socket.gethostname().split(".")[0])
+    running = jobfs.job_running(
+        storage, node, jobfs.steps_on_node(spool, node), time.time() if now is None else now
+    )
+    return jobfs.sweep(storage, [node], running, TRASH_BUDGET_S)
 
 
 def _primary_gid(uid: int) -> int:

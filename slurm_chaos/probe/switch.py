@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from slurm_chaos.errors import DataError, UsageError
-from slurm_chaos.faults.control import REQUEST, Ack, ChannelClient, State
+from slurm_chaos.faults.control import Ack, ChannelClient, State
 from slurm_chaos.schedule import DROPPED, SwitchbackSchedule, schedule_from_json
 
 #: How long a toggle waits for the agent's acknowledgement (the agent polls every 5 ms).
@@ -160,7 +160,7 @@ class FaultSwitch:
         try:
             epoch = client.request(want)
         except OSError as exc:
-            return _error(step, None, want, f"cannot write the request, channel vanished? ({exc})")
+            return _error(step, None, want, f"cannot send the request, channel vanished? ({exc})")
         self._need = epoch
         ack = client.wait(epoch, self.ack_timeout, self.poll_s)
         return self._settle(client, ack, epoch, want, step, t0)
@@ -213,7 +213,7 @@ class FaultSwitch:
 
 
 def _open(client: ChannelClient) -> bool:
-    return (client.path / REQUEST).is_file()
+    return client.is_open()
 
 
 def _done(step: int, epoch: int, want: State, t0: float, how: str = "requested") -> tuple[str, str]:

@@ -175,6 +175,18 @@ NODE_LAUNCHER = r"""
 set -e
 node=$1 hosts=$2 conf=$3
 shift 3
+if [ -n "${SLURM_CHAOS_SHARED_MOUNT:-}" ]; then
+    # Every mount is the node's own but the shared one: what the node mounts under it (a job's
+    # heartbeat tmpfs) the host sees too, and nothing else it mounts leaves the node.
+    awk '{print $5}' /proc/self/mountinfo | while read -r mp; do
+        mp=$(printf '%b' "$mp")
+        case "$mp" in
+        "$SLURM_CHAOS_SHARED_MOUNT" | "$SLURM_CHAOS_SHARED_MOUNT"/*) ;;
+        *) mount --make-private "$mp" ;;
+        esac
+    done
+    unset SLURM_CHAOS_SHARED_MOUNT
+fi
 hostname "$node"
 mount --bind "$hosts" /etc/hosts
 if [ "$#" -gt 0 ]; then
@@ -218,14 +230,18 @@ def node_argv(
     procs: list[Path],
     hs: list[Hierarchy],
     links: list[tuple[str, str]],
+    shared: Path | None = None,
 ) -> list[str]:
-    """The command that starts one node's slurmd in its own namespaces (and cgroups, if `procs`)."""
-    unshare = ["unshare", "--uts", "--mount", "--propagation", "private"]
+    """The command that starts one node's slurmd in its own namespaces (and cgroups, if `procs`);
+    `shared`: a shared mount of the host's that stays the node's peer (mounts under it propagate
+    both ways), every other mount of the node being private."""
+    unshare = ["unshare", "--uts", "--mount", "--propagation", "private" if shared is None else "unchanged"]
     specs: list[str] = []
     if procs:
         unshare.insert(1, "--cgroup")
         specs = [h.mount_arg() for h in hs] + [f"link:{name}:{target}" for name, target in links]
-    inner = [*unshare, "sh", "-c", NODE_LAUNCHER, "sh", node, str(hosts), str(slurm_conf), *specs]
+    env = [] if shared is None else ["env", f"SLURM_CHAOS_SHARED_MOUNT={shared}"]
+    inner = [*unshare, *env, "sh", "-c", NODE_LAUNCHER, "sh", node, str(hosts), str(slurm_conf), *specs]
     argv = ["nsenter", f"--net=/run/netns/{netns}"]
     if procs:
         return [*argv, "sh", "-c", JOIN_AND_EXEC, "sh", *(str(p) for p in procs), "--", *inner]

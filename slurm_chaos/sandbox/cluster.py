@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from slurm_chaos.errors import ChaosError, UsageError
+from slurm_chaos.faults import jobfs
 from slurm_chaos.runner import Runner, SubprocessRunner
 from slurm_chaos.sandbox import daemons
 from slurm_chaos.sandbox.cgroups import SandboxCgroups, hierarchies, node_argv, symlinks
@@ -470,8 +471,29 @@ class Sandbox:
             # /etc/hosts (private mount namespace) and, in cgroup mode, its own cgroup subtree and
             # namespace; `ip netns exec` would remount /sys and break cgroups.
             procs = SandboxCgroups(layout.name).create_node(node, hs) if layout.cgroups else []
-            argv = node_argv(layout.netns(i), node, hosts, layout.slurm_conf, procs, hs, links)
+            shared = self._share_heartbeats(layout, node)
+            argv = node_argv(layout.netns(i), node, hosts, layout.slurm_conf, procs, hs, links, shared)
             self._start_slurm_daemon(layout, d, argv, layout.log_dir / f"slurmd.{node}.log")
+
+    def _share_heartbeats(self, layout: Layout, node: str) -> Path:
+        """The node's heartbeat directory as a shared mount (bound on itself): the job's heartbeat
+        tmpfs the node's prolog mounts in it is seen on the host too, where the exporter reads it
+        (and not by the other nodes: each keeps only its own directory shared)."""
+        from slurm_chaos.sandbox.monitoring import sandbox_heartbeat_dir
+
+        path = sandbox_heartbeat_dir(layout) / node
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for d in (path.parent, path):
+            d.chmod(0o755)
+        if str(path) not in jobfs.mount_points():
+            self._mount("--bind", str(path), str(path))
+        self._mount("--make-shared", str(path))
+        return path
+
+    def _mount(self, *args: str) -> None:
+        res = self.runner(["mount", *args], timeout=20)
+        if not res.ok:
+            raise ChaosError(f"mount {' '.join(args)}: {res.stderr.strip()}")
 
     def node_states(self, layout: Layout) -> dict[str, str]:
         res = self.runner(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=10, env=self._slurm_env(layout))
@@ -582,10 +604,18 @@ class Sandbox:
         if self.runner(["ip", "link", "show", layout.bridge], timeout=10).ok:
             self.runner(["ip", "link", "del", layout.bridge], timeout=10)
         self._stop_munge_if_last(layout, stopped)
+        from slurm_chaos.sandbox.monitoring import sandbox_heartbeat_dir
+
+        # The jobs' heartbeat mounts the nodes made (seen here through the shared mount), then it.
+        try:
+            stopped += [f"mount {line}" for line in jobfs.detach(sandbox_heartbeat_dir(layout), self.runner)]
+        except jobfs.JobFsError as exc:
+            log.warning("sandbox %s: %s", self.name, exc)
         if purge:
             # Keep the logs for a post-mortem; everything else of the sandbox goes, the fault journals
             # too: a new slurmctld starts job ids at 1 again, and an old closed journal of job N would
-            # refuse the new job N.
+            # refuse the new job N. Users' trees (a job's heartbeat directory, a home) may be
+            # arbitrarily deep: removed without recursion.
             for sub in (
                 "journal",
                 "prefix",
@@ -602,7 +632,10 @@ class Sandbox:
                 "nhc",
                 "node-exporter",
             ):
-                shutil.rmtree(layout.root / sub, ignore_errors=True)
+                try:
+                    jobfs.remove_tree(layout.root / sub)
+                except (OSError, jobfs.JobFsError) as exc:
+                    log.warning("sandbox %s: %s not removed: %s", self.name, layout.root / sub, exc)
             (layout.root / "sandbox.json").unlink(missing_ok=True)
         return stopped
 

@@ -891,16 +891,17 @@ while time.time() < end:
     print(f"CHUNK rank={rank} t={t:.4f} wall={time.time() - t:.4f}", flush=True)
 """
 
-# Runs in the batch step as the job's user: the rank's side of the control channel. A SPEC written
-# into the request first (ignored), then off -> on -> off, each acknowledged.
+# Runs in the batch step as the job's user: the rank's side of the control channel. A SPEC sent to
+# the request socket first (dropped), then off -> on -> off, each acknowledged.
 TOGGLE = r"""
 import os, sys, time
 from pathlib import Path
 from slurm_chaos.faults.control import ChannelClient, State
 c = ChannelClient.find(Path(sys.argv[1]), os.environ["SLURMD_NODENAME"], os.environ["SLURM_JOB_ID"])
 assert c is not None, "no control channel"
-with open(c.path / "request", "r+b") as f:
-    f.write(b"slow-rank:rank=0,percent=99,control=static\n")
+import socket
+with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+    s.sendto(b"slow-rank:rank=0,percent=99,control=static\n", str(c.path / "request"))
 time.sleep(2.0)
 for state, hold in ((State.ON, 3.0), (State.OFF, 3.0)):
     t = time.time()

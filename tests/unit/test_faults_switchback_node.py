@@ -10,6 +10,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def test_the_agent_makes_the_channel_the_user_writes_only_the_request(
     d = control.channel_dir(journal_root, "node1", "77")
     st = d.stat()
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
-    req = (d / control.REQUEST).stat()
-    assert (req.st_uid, req.st_gid, stat.S_IMODE(req.st_mode)) == (NOBODY, NOBODY, 0o600)
+    req = (d / control.REQUEST).lstat()
+    assert stat.S_ISSOCK(req.st_mode)
+    assert (req.st_uid, req.st_gid, stat.S_IMODE(req.st_mode)) == (0, NOBODY, control.REQUEST_MODE)
+    assert all(p.lstat().st_uid == 0 for p in d.iterdir())  # nothing in it is the user's
     assert control.parse_ack((d / control.ACK).read_text()) is not None
     assert owner.read() is None  # nothing asked yet
 
@@ -132,25 +135,89 @@ def test_the_agent_makes_the_channel_the_user_writes_only_the_request(
         "import os, pathlib\n"
         "from slurm_chaos.faults.control import ChannelClient, State\n"
         f"c = ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '77')\n"
-        "open(c.path / 'request', 'r+b').write(b'slow-rank:rank=0,percent=99,control=static' * 3)\n"
         "print(c.request(State.ON))\n"
         "for attempt in (lambda: os.unlink(c.path / 'request'),\n"
         "                lambda: os.rename(c.path / 'request', c.path / 'x'),\n"
         "                lambda: open(c.path / 'ack', 'w'), lambda: open(c.path / 'new', 'w'),\n"
-        "                lambda: os.symlink('/etc/shadow', c.path / 'link')):\n"
+        "                lambda: os.symlink('/etc/shadow', c.path / 'link'),\n"
+        "                lambda: open(c.path / 'request', 'r+b'),\n"
+        "                lambda: os.truncate(c.path / 'request', 1 << 30)):\n"
         "    try:\n"
         "        attempt()\n"
         "        print('allowed')\n"
-        "    except PermissionError:\n"
+        "    except OSError:\n"
         "        print('refused')\n",
         user_pythonpath,
     )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.split()
-    assert lines == ["1", "refused", "refused", "refused", "refused", "refused"]
+    assert lines == ["1"] + ["refused"] * 7
     assert owner.read() == control.Request(1, State.ON)
     owner.acknowledge(Ack(1, State.ON, 123.0))
     assert owner.read() is None  # acted on: the same epoch is not read twice
+    owner.close()
+
+
+@needs_root
+def test_the_request_cannot_be_hard_linked_or_grown_on_the_journals_filesystem(
+    journal_root: Path, user_pythonpath: Path
+) -> None:
+    """Finding 1 of issue #27: the request was the user's regular file on root's filesystem; a hard
+    link kept it past the job and fallocate filled the filesystem the journal writes to."""
+    ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY).close()
+    d = control.channel_dir(journal_root, "node1", "77")
+    keep = Path(tempfile.mkdtemp(prefix="chaos-home-", dir=journal_root.parent))
+    os.chown(keep, NOBODY, NOBODY)
+    try:
+        res = as_nobody(
+            "import os, sys\n"
+            f"req, keep = {str(d / control.REQUEST)!r}, {str(keep / 'keep')!r}\n"
+            "try:\n"
+            "    os.link(req, keep)\n"
+            "    print('linked')\n"
+            "except OSError as exc:\n"
+            "    print('link refused', exc.errno)\n"
+            "for target in (req, keep):\n"
+            "    try:\n"
+            "        fd = os.open(target, os.O_WRONLY)\n"
+            "        os.posix_fallocate(fd, 0, 1 << 30)\n"
+            "        print('grown')\n"
+            "    except OSError as exc:\n"
+            "        print('refused', exc.errno)\n",
+            user_pythonpath,
+        )
+        assert res.returncode == 0, res.stderr
+        assert "grown" not in res.stdout, res.stdout
+        if Path("/proc/sys/fs/protected_hardlinks").read_text().strip() == "1":
+            assert "link refused" in res.stdout, res.stdout
+        # Whatever the user did, nothing of theirs is left where the journal lives.
+        assert [p for p in d.iterdir() if p.lstat().st_uid != 0] == []
+        assert (d / control.REQUEST).lstat().st_blocks == 0
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+@needs_root
+def test_requests_of_another_uid_or_malformed_ones_are_dropped(
+    journal_root: Path, user_pythonpath: Path
+) -> None:
+    """The socket's group may send (the job's gid is often everyone's); the agent keeps the job's uid's."""
+    owner = ChannelOwner.create(journal_root, "node1", "77", NOBODY - 1, NOBODY)
+    res = as_nobody(
+        "import pathlib\n"
+        "from slurm_chaos.faults.control import ChannelClient, State\n"
+        f"c = ChannelClient.find(pathlib.Path({str(journal_root)!r}), 'node1', '77')\n"
+        "print(c.request(State.ON))\n",
+        user_pythonpath,
+    )
+    assert res.returncode == 0 and res.stdout.split() == ["1"], res.stderr
+    assert owner.read() is None and owner.dropped == 1
+    client = ChannelClient.find(journal_root, "node1", "77")
+    assert client is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        for junk in (b"slow-rank:rank=0,percent=99\n", control.format_request(5, State.ON) + b"x" * 100):
+            sock.sendto(junk, str(client.path / control.REQUEST))
+    assert owner.read() is None and owner.dropped == 3
     owner.close()
 
 
@@ -163,7 +230,7 @@ def test_a_leftover_channel_is_made_afresh_and_a_foreign_directory_refused(journ
     (d / control.ACK).write_text('{"epoch": 9, "state": "on", "time": 1}')
     ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY).close()
     req = (d / control.REQUEST).lstat()
-    assert stat.S_ISREG(req.st_mode) and req.st_uid == NOBODY  # the link is gone, not followed
+    assert stat.S_ISSOCK(req.st_mode) and req.st_uid == 0  # the link is gone, not followed
     assert Path("/etc/passwd").stat() == passwd
     assert control.parse_ack((d / control.ACK).read_text()) == Ack(
         0, State.OFF, control.parse_ack((d / control.ACK).read_text()).time
@@ -180,17 +247,41 @@ def test_a_leftover_channel_is_made_afresh_and_a_foreign_directory_refused(journ
 
 
 @needs_root
-def test_an_old_or_torn_request_is_not_acted_on(journal_root: Path) -> None:
+def test_an_old_or_torn_request_is_not_acted_on_and_queued_ones_collapse(journal_root: Path) -> None:
     owner = ChannelOwner.create(journal_root, "node1", "77", NOBODY, NOBODY)
-    req = control.channel_dir(journal_root, "node1", "77") / control.REQUEST
-    req.write_bytes(control.format_request(3, State.ON)[:20] + b"zzzz")
-    assert owner.read() is None
-    req.write_bytes(control.format_request(3, State.ON))
-    assert owner.read() == control.Request(3, State.ON)
-    owner.acknowledge(Ack(3, State.ON, time.time()))
-    req.write_bytes(control.format_request(2, State.OFF))  # an epoch already passed
-    assert owner.read() is None
+    req = str(control.channel_dir(journal_root, "node1", "77") / control.REQUEST)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(control.format_request(3, State.ON)[:20] + b"zzzz", req)
+        assert owner.read() is None
+        sock.sendto(control.format_request(3, State.ON), req)
+        assert owner.read() == control.Request(3, State.ON)
+        owner.acknowledge(Ack(3, State.ON, time.time()))
+        sock.sendto(control.format_request(2, State.OFF), req)  # an epoch already passed
+        assert owner.read() is None
+        for epoch, state in ((4, State.OFF), (6, State.OFF), (5, State.ON)):
+            sock.sendto(control.format_request(epoch, state), req)
+        assert owner.read() == control.Request(6, State.OFF)  # the latest of those queued
     owner.close()
+
+
+@needs_root
+def test_a_channel_under_a_long_path_is_reached_through_its_directory(user_pythonpath: Path) -> None:
+    """A socket's address holds 107 bytes of path; a journal root may be deeper than that."""
+    base = Path(tempfile.mkdtemp(prefix="chaos-control-", dir="/tmp"))
+    try:
+        root = base / ("x" * 60) / ("y" * 60)
+        (root / "node1").mkdir(mode=0o755, parents=True)
+        for p in (base, base / ("x" * 60), root, root / "node1"):
+            p.chmod(0o755)
+        owner = ChannelOwner.create(root, "node1", "77", 0, 0)
+        assert len(str(owner.path / control.REQUEST)) > 107
+        client = ChannelClient.find(root, "node1", "77")
+        assert client is not None and client.is_open()
+        epoch = client.request(State.ON)
+        assert owner.read() == control.Request(epoch, State.ON)
+        owner.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------- the switch

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from slurm_chaos.faults import jobfs
 from slurm_chaos.probe.heartbeat import (
     Beat,
     Heartbeat,
@@ -19,7 +22,26 @@ from slurm_chaos.probe.heartbeat import (
     read_heartbeats,
     scan_heartbeats,
     straggler_ratio,
+    sweep_node,
 )
+from slurm_chaos.runner import Completed, FakeRunner, SubprocessRunner
+
+
+def _nest(top: Path, depth: int) -> None:
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+
+
+def _can_mount() -> bool:
+    if os.geteuid() != 0:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "mount", "-t", "tmpfs", "x", "/mnt"], capture_output=True)
+    return probe.returncode == 0
 
 
 class Clock:
@@ -206,6 +228,7 @@ def test_a_heartbeat_directory_others_may_write_is_not_trusted(tmp_path: Path) -
     assert "Not a directory" in scan_heartbeats(tmp_path / "link").rejected[0]
 
 
+@pytest.mark.skipif(not _can_mount(), reason="the job's tmpfs is mounted by root")
 def test_prolog_makes_the_jobs_own_directory_and_the_epilog_removes_it(tmp_path: Path) -> None:
     base = tmp_path / "hb"
     env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "4343"}
@@ -233,3 +256,93 @@ def test_prolog_refuses_a_heartbeat_directory_others_may_write(
     assert not (base / "node3").exists() and "not a directory of uid 0's alone" in capsys.readouterr().err
     assert hook_main(["prolog", "--dir", str(base)], {**env, "SLURM_JOB_ID": "../x"}) == 0
     assert "bad node or job name" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _can_mount(), reason="the job's tmpfs is mounted by root")
+def test_the_jobs_directory_is_a_tmpfs_with_limits_and_the_epilog_takes_whatever_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #27 finding 4: 3,000 nested directories raised RecursionError out of the epilog; a
+    large file pinned tmpfs memory; millions of files outran the hook's timeout."""
+    base = tmp_path / "hb"
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "4343"}
+    try:
+        assert hook_main(["prolog", "--dir", str(base), "--size", str(1 << 20), "--inodes", "5000"], env) == 0
+        job = base / "node3" / "77"
+        assert jobfs.mounts_at_or_under(job) == [str(job)]
+        _nest(job, 3000)
+        for i in range(1000):
+            (job / f"f{i}").write_text("")
+        with pytest.raises(OSError, match="No space left"), open(job / "big", "wb") as fh:
+            fh.write(b"\0" * (2 << 20))
+        t0 = time.monotonic()
+        assert hook_main(["epilog", "--dir", str(base)], env) == 0
+        assert time.monotonic() - t0 < 5.0  # an unmount, not a walk
+        assert capsys.readouterr().err == ""
+        assert jobfs.mounts_at_or_under(base) == [] and sorted(os.listdir(base / "node3")) == [".trash"]
+    finally:
+        jobfs.detach(tmp_path, SubprocessRunner())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
+def test_a_deep_plain_directory_an_older_release_left_is_removed_by_the_epilog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "hb"
+    (base / "node3" / "77").mkdir(parents=True)
+    for d in (base, base / "node3"):
+        d.chmod(0o755)
+    _nest(base / "node3" / "77", 3000)
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3"}
+    assert hook_main(["epilog", "--dir", str(base)], env) == 0
+    assert capsys.readouterr().err == ""
+    assert sorted(os.listdir(base / "node3")) == [".trash"] and os.listdir(base / "node3" / ".trash") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root")
+def test_a_failed_mount_gives_the_job_no_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "hb"
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "4242", "SLURM_JOB_GID": "4343"}
+    refuse = FakeRunner(lambda argv: Completed(argv, 32, "", "mount: only root can do that"))
+    assert hook_main(["prolog", "--dir", str(base)], env, refuse) == 0
+    assert not (base / "node3" / "77").exists()
+    assert "only root can do that" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _can_mount(), reason="the job's tmpfs is mounted by root")
+def test_the_hooks_sweep_storage_of_jobs_slurm_no_longer_runs_on_the_node(tmp_path: Path) -> None:
+    """A job whose epilog never ran: no step socket of it in slurmd's spool, storage past the grace."""
+    base, spool = tmp_path / "hb", tmp_path / "spool" / "node3"
+    spool.mkdir(parents=True)
+    for d in (tmp_path / "spool", spool):
+        d.chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\nPrologFlags=Alloc\n")
+    env = {
+        "SLURMD_NODENAME": "node3",
+        "SLURM_JOB_UID": "4242",
+        "SLURM_JOB_GID": "4343",
+        "SLURM_CONF": str(conf),
+    }
+    try:
+        for job in ("5", "6"):
+            assert hook_main(["prolog", "--dir", str(base)], {**env, "SLURM_JOB_ID": job}) == 0
+        _nest(base / "node3" / "5", 3000)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(spool / "node3_6.4294967291"))  # job 6 still has its extern step
+        now = time.time()
+        # Without the extern step a job between two steps has none on the node: nothing is taken.
+        assert sweep_node(base, "node3", None, env, now + 2 * jobfs.GRACE_S) == []
+        conf.write_text(f"SlurmdSpoolDir={tmp_path}/spool/%n\nPrologFlags=Alloc,Contain\n")
+        assert sweep_node(base, "node3", None, env, now) == []  # both too recent to tell
+        done = sweep_node(base, "node3", None, env, now + 2 * jobfs.GRACE_S)
+        assert done == [
+            f"{base}/node3/5 detached [job no longer running]",
+            f"{base}/node3/5 removed [job no longer running]",
+        ]
+        assert sorted(os.listdir(base / "node3")) == [".trash", "6"]
+        assert jobfs.mounts_at_or_under(base) == [str(base / "node3" / "6")]
+    finally:
+        jobfs.detach(tmp_path, SubprocessRunner())
