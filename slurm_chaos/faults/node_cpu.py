@@ -525,8 +525,9 @@ def extern_step_cgroups(job_id: str, fs: Cgroupfs) -> dict[str, str] | None:
     ``job_J/step_extern`` of cpuset and memory but still in ``job_J`` of the freezer. A load started
     then would sit in the job's own freezer cgroup, outside the step that Slurm kills and removes
     at the job's end: until every hierarchy holds it in the step, this says None (ask again)."""
-    externs = {pid for pid, step in node_proc.step_daemons(job_id, fs.proc).items() if step == "extern"}
-    step = node_proc.step_cgroups(fs.mounted(node_proc.job_cgroups(job_id, fs.proc)), "extern")
+    daemons = node_proc.step_daemons(job_id, fs.proc)
+    externs = {pid for pid, step in daemons.items() if step == "extern"}
+    step = node_proc.step_cgroups(fs.mounted(node_proc.job_cgroups(job_id, fs.proc, daemons)), "extern")
     if not externs or not step:
         return None
     for pid in node_proc.pids(fs.proc):

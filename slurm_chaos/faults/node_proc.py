@@ -16,7 +16,7 @@ import contextlib
 import os
 import re
 import signal
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,14 +205,15 @@ def step_daemons(job_id: str, proc: Path = PROC) -> dict[int, str]:
     return out
 
 
-def job_cgroups(job_id: str, proc: Path = PROC) -> dict[str, str]:
+def job_cgroups(job_id: str, proc: Path = PROC, daemons: Iterable[int] | None = None) -> dict[str, str]:
     """{hierarchy: job `job_id`'s cgroup} as Slurm made it: the cgroups of the job's own slurmstepd
-    up to their ``job_J`` component; {} while none runs here or it is in no cgroup of the job.
+    (of `daemons`, its `step_daemons` found already) up to their ``job_J`` component; {} while
+    none runs here or it is in no cgroup of the job.
 
     Never taken from a task: on cgroup v2 a user's delegated subtree may hold a
     ``.../user@U.service/job_J/step_extern`` of the user's making, and a root slurmstepd is
     where Slurm put it (no user can move a process of root's)."""
-    for pid in sorted(step_daemons(job_id, proc)):
+    for pid in sorted(step_daemons(job_id, proc) if daemons is None else daemons):
         try:
             paths = cgroupfs.proc_cgroups(pid, proc)
         except ChaosError:
@@ -238,10 +239,11 @@ def job_tasks(job_id: str, rank: int | None = None, proc: Path = PROC) -> list[P
     own processes: a task that lies about it misleads the fault about the job's own ranks only.
     slurmstepd and srun are not tasks: stopping srun would stall every rank's I/O.
     """
-    steps = {pid: s for pid, s in step_daemons(job_id, proc).items() if s.isdigit()}
+    daemons = step_daemons(job_id, proc)
+    steps = {pid: s for pid, s in daemons.items() if s.isdigit()}
     if not steps:
         return []
-    jobs = job_cgroups(job_id, proc)
+    jobs = job_cgroups(job_id, proc, daemons)
     members = _in_cgroups(jobs, set(steps.values()), proc) if jobs else _descendants(set(steps), proc)
     found: list[ProcId] = []
     for pid in sorted(members - set(steps)):
