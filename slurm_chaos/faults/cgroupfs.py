@@ -1,11 +1,13 @@
-"""A job's cgroups on this node, found from its processes, for faults that must stay inside them.
+"""A job's cgroups on this node, found from its slurmstepd, for faults that must stay inside them.
 
 Slurm makes a job's cgroup in the hierarchies its plugins manage: on cgroup v1 (one hierarchy
 per controller) ``/slurm/uid_U/job_J/step_S[/task_T]`` in freezer (proctrack/cgroup), cpuset and
 memory (task/cgroup), but nothing in the cpu controller's; on v2 (one unified hierarchy)
 ``.../job_J/step_S/user/task_T``. A process's cgroup in each hierarchy is read from
-``/proc/PID/cgroup``; the job's is the prefix of that path up to its ``job_J`` component. Paths
-are those of the reader's cgroup namespace, which is the node's for the prolog and its agent.
+``/proc/PID/cgroup``; the job's is the prefix of its slurmstepd's path up to its ``job_J``
+component (``node_proc.job_cgroups``), never of a task's: on v2 a user with a delegated subtree
+(``user@U.service``) makes ``job_J/step_extern`` there at will. Paths are those of the reader's
+cgroup namespace, which is the node's for the prolog and its agent.
 
 A process can exit between the scan that found it and the write that moves it: that is
 `ProcessGone`, which callers log and skip.
@@ -54,7 +56,8 @@ def proc_cgroups(pid: int, proc: Path = PROC) -> dict[str, str]:
 
 
 def job_path(path: str, job_id: str) -> str | None:
-    """The job's own cgroup: `path` up to its ``job_<job_id>`` component (None if not inside one)."""
+    """`path` up to its ``job_<job_id>`` component (None if it has none): the job's own cgroup
+    where `path` is a slurmstepd's (a task's may be a tree of the user's making)."""
     parts = [p for p in path.split("/") if p]
     mark = f"job_{job_id}"
     if mark not in parts:
@@ -109,14 +112,9 @@ class Cgroupfs:
         cg = proc_cgroups(pid, self.proc)
         return {k: v for k, v in cg.items() if self.mount_of(k) is not None}
 
-    def job_cgroups(self, pid: int, job_id: str) -> dict[str, str]:
-        """{hierarchy: the job's cgroup} for every hierarchy where `pid` is inside job `job_id`'s."""
-        out = {}
-        for hier, path in self.of(pid).items():
-            jp = job_path(path, job_id)
-            if jp is not None:
-                out[hier] = jp
-        return out
+    def mounted(self, cgroups: Mapping[str, str]) -> dict[str, str]:
+        """The entries of `cgroups` ({hierarchy: path}) whose hierarchy is mounted here."""
+        return {h: path for h, path in cgroups.items() if self.mount_of(h) is not None}
 
     def move(self, pid: int, group: Path) -> None:
         """Write `pid` into `group`; ProcessGone if it exited meanwhile."""

@@ -4,8 +4,12 @@ Node-level state lives in the node's namespaces. Each journal's header records t
 mount namespaces its changes were made in; an undo run from elsewhere (the sandbox host, where
 every node is a pair of namespaces) enters them with ``nsenter`` through a process that still
 lives in them, while an undo run on the node itself (epilog, watchdog, ``srun -w node``) runs its
-commands directly. If no process is left in a namespace, the namespace and its state are gone and
-only host-wide changes (processes, cgroups) remain to undo.
+commands directly. That process is root's slurmd or slurmstepd, never a user's: a user's process
+in those namespaces may have chrooted into a tree of its own (in a user namespace of its own),
+and root's writes and rmdirs through its ``/proc/PID/root`` would land there. If no process is
+left in a namespace, the namespace and its state are gone and only host-wide changes (processes,
+cgroups) remain to undo; if only processes that are not Slurm's are left, the undo is refused
+and stays pending.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_chaos.errors import ChaosError
 from slurm_chaos.faults import jobfs, node_cpu, node_gpu, node_net, node_proc, node_storage  # noqa: F401 - undo actions
 from slurm_chaos.faults.authz import GRANT_SUFFIX, expired_grants
 from slurm_chaos.faults.journal import (
@@ -57,22 +62,40 @@ class NsRunner:
         )
 
 
+class Untrusted(ChaosError):
+    """The journal's namespaces still live, but only through processes that are not Slurm's."""
+
+
 def _pid_in(header: Header, proc: Path = node_proc.PROC) -> tuple[int | None, bool]:
-    """A live PID in the header's namespaces: (pid, also in its mount namespace)."""
+    """Root's slurmd or slurmstepd in the header's namespaces: (pid, also in its mount namespace);
+    (None, False) when no process is left in them; Untrusted when only others' are."""
 
     def matches(pid: int, mount: bool) -> bool:
         if node_proc.ns_inode(pid, "net", proc) != header.netns:
             return False
         return not mount or node_proc.ns_inode(pid, "mnt", proc) == header.mntns
 
-    if matches(header.ns_pid, True):
+    def slurms(pid: int) -> bool:
+        return node_proc.root_daemon(pid, node_proc.SLURM_DAEMONS, proc)
+
+    if matches(header.ns_pid, True) and slurms(header.ns_pid):
         return header.ns_pid, True
     net_only: int | None = None
+    others = 0
     for pid in node_proc.pids(proc):
-        if matches(pid, True):
+        if not matches(pid, False):
+            continue
+        if not slurms(pid):
+            others += 1
+        elif matches(pid, True):
             return pid, True
-        if net_only is None and matches(pid, False):
+        elif net_only is None:
             net_only = pid
+    if net_only is None and others:
+        raise Untrusted(
+            f"network namespace {header.netns} holds {others} processes but no slurmd or slurmstepd of "
+            "root's: entering it through a user's process could act in a root directory of the user's"
+        )
     return net_only, False
 
 
@@ -201,9 +224,15 @@ def mark_tidy(journal_root: Path, node: str) -> bool:
     return True
 
 
-def revert_journal(journal: Journal, runner: Runner, by: str, skip_pid: int | None = None) -> Reverted:
-    """Revert one journal in its own namespaces."""
+def revert_journal(
+    journal: Journal, runner: Runner, by: str, skip_pid: int | None = None, proc: Path = node_proc.PROC
+) -> Reverted:
+    """Revert one journal in its own namespaces (refused, and left pending, where only processes
+    that are not Slurm's hold them)."""
     header = journal.read().header
-    inner = node_runner(header, runner)
-    root = Path(f"/proc/{inner.pid}/root") if isinstance(inner, NsRunner) and inner.mount else Path("/")
+    try:
+        inner = node_runner(header, runner, proc)
+    except Untrusted as exc:
+        return Reverted(journal.path, (), (f"{journal.node} job {journal.job_id}: not reverted: {exc}",))
+    root = proc / str(inner.pid) / "root" if isinstance(inner, NsRunner) and inner.mount else Path("/")
     return revert(journal, UndoContext(inner, root=root), by=by, skip_pid=skip_pid)

@@ -2,10 +2,12 @@
 
 A slow rank is a real slow device: its task processes lose a set share of their time, either by
 a SIGSTOP/SIGCONT duty cycle driven by the agent (works everywhere, any cgroup setup) or by a
-CPU quota on a cgroup of their own (smoother, needs a writable cpu controller). Tasks are found
-through ``/proc/*/environ`` (SLURM_JOB_ID, SLURM_PROCID) as they appear, so a rank that starts
-after the prolog, or forks, is caught too. Each process is journalled before it is touched, so an
-undo continues it (or moves it back) even if the agent died mid-cycle.
+CPU quota on a cgroup of their own (smoother, needs a writable cpu controller). Tasks are the
+processes in the cgroups of the job's steps, found through the job's own slurmstepd
+(``node_proc.job_tasks``) as they appear, so a rank that starts after the prolog, or forks, is
+caught too; a title or an environment, which the job's user sets, never makes a task. Each
+process is journalled before it is touched, so an undo continues it (or moves it back) even if
+the agent died mid-cycle.
 """
 
 from __future__ import annotations
@@ -220,6 +222,10 @@ class CgroupQuota:
     def stop(self) -> None:
         """Nothing: the journal's undo moves the tasks back and removes what was made."""
 
+    def _job_cgroups(self) -> dict[str, str]:
+        """The job's cgroups as Slurm made them, from its slurmstepd (never from the task's path)."""
+        return self.fs.mounted(node_proc.job_cgroups(self.ctx.job_id, self.fs.proc))
+
     def _record(self, what: str, action: str, **data: Json) -> None:
         self.ctx.journal.record(self.name, what, Undo(action=action, data=data), self.ctx.deadline)
 
@@ -233,12 +239,14 @@ class CgroupQuota:
     def _move_v1(self, p: ProcId) -> None:
         hier = self.fs.cpu_hierarchy()
         cgs = self.fs.of(p.pid)
-        jobs = self.fs.job_cgroups(p.pid, self.ctx.job_id)
+        jobs = self._job_cgroups()
         if not jobs:
             raise Refused(
-                f"pid {p.pid} is in no cgroup of job {self.ctx.job_id} (Slurm's proctrack/cgroup or "
-                "task/cgroup make one); the throttle would leave the job's cgroup: use method=duty-cycle"
+                f"job {self.ctx.job_id} has no cgroup here (Slurm's proctrack/cgroup or task/cgroup make "
+                "one); the throttle would leave the job's cgroup: use method=duty-cycle"
             )
+        if not cgroupfs.inside(cgs, jobs):
+            raise Refused(f"pid {p.pid} is outside job {self.ctx.job_id}'s cgroups {jobs}")
         origin = self.fs.dir(hier, cgs.get(hier, "/"))
         group = self._ensure_group_v1(hier, jobs, origin, p)
         if origin == group:
@@ -291,8 +299,8 @@ class CgroupQuota:
     # -- cgroup v2: cpu.max on the task's own leaf, inside the job's subtree
     def _cap_leaf(self, p: ProcId) -> None:
         leaf_path = self.fs.of(p.pid).get(cgroupfs.UNIFIED, "")
-        job = cgroupfs.job_path(leaf_path, self.ctx.job_id)
-        if job is None:
+        job = self._job_cgroups().get(cgroupfs.UNIFIED)
+        if job is None or not cgroupfs.inside({cgroupfs.UNIFIED: leaf_path}, {cgroupfs.UNIFIED: job}):
             raise Refused(
                 f"pid {p.pid} is in {leaf_path or 'no cgroup'}, not in job {self.ctx.job_id}'s cgroup; "
                 "the throttle would leave the job: use method=duty-cycle"
@@ -505,45 +513,33 @@ JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 97; shift; done;
 
 
 def extern_step_cgroups(job_id: str, fs: Cgroupfs) -> dict[str, str] | None:
-    """The cgroups of the job's extern step here ({hierarchy: path}), None while it has none.
+    """The cgroups of the job's extern step's task here ({hierarchy: path}), None while it has none.
 
     With ``PrologFlags=Contain`` slurmd starts the extern step right after the prolog; its task
     (a ``sleep``) lives until the job ends, in the step's own cgroup inside the job's, and
-    whatever else is in that cgroup is killed with the job (as pam_slurm_adopt relies on)."""
-    steps = [
-        s
-        for s in node_proc.job_steps_here(job_id)
-        if node_proc.cmdline(s)[:1] == [f"slurmstepd: [{job_id}.extern]"]
-    ]
-    for step in steps:
-        for pid in node_proc.pids():
-            if node_proc.parent(pid) != step:
-                continue
-            try:
-                cgs = fs.of(pid)
-            except ChaosError:
-                continue
-            inside = {h: path for h, path in cgs.items() if cgroupfs.job_path(path, job_id) is not None}
-            if in_extern_step(inside, job_id):
-                return inside
+    whatever else is in that cgroup is killed with the job (as pam_slurm_adopt relies on). The
+    step is the one of root's slurmstepd titled ``[J.extern]``, its cgroup ``job_J/step_extern``
+    under the job's cgroup taken from that slurmstepd, the task that slurmstepd's child.
+
+    slurmstepd moves the task into its cgroups one hierarchy at a time: for a moment it can be in
+    ``job_J/step_extern`` of cpuset and memory but still in ``job_J`` of the freezer. A load started
+    then would sit in the job's own freezer cgroup, outside the step that Slurm kills and removes
+    at the job's end: until every hierarchy holds it in the step, this says None (ask again)."""
+    daemons = node_proc.step_daemons(job_id, fs.proc)
+    externs = {pid for pid, step in daemons.items() if step == "extern"}
+    step = node_proc.step_cgroups(fs.mounted(node_proc.job_cgroups(job_id, fs.proc, daemons)), "extern")
+    if not externs or not step:
+        return None
+    for pid in node_proc.pids(fs.proc):
+        if node_proc.parent(pid, fs.proc) not in externs:
+            continue
+        try:
+            paths = fs.of(pid)
+        except ChaosError:
+            continue
+        if cgroupfs.inside(paths, step):
+            return {h: paths[h] for h in step}
     return None
-
-
-def in_extern_step(cgroups: Mapping[str, str], job_id: str) -> bool:
-    """Whether every hierarchy that holds the task inside the job holds it in the extern step.
-
-    slurmstepd moves the extern step's task into its cgroups one hierarchy at a time: for a moment
-    it can be in ``job_J/step_extern`` of cpuset and memory but still in ``job_J`` of the freezer. A
-    load started then would sit in the job's own freezer cgroup, outside the step that Slurm kills
-    and removes at the job's end; the caller asks again on its next poll."""
-    if not cgroups:
-        return False
-    for path in cgroups.values():
-        parts = [p for p in path.split("/") if p]
-        mark = f"job_{job_id}"
-        if mark not in parts or parts[parts.index(mark) + 1 : parts.index(mark) + 2] != ["step_extern"]:
-            return False
-    return True
 
 
 @dataclass
@@ -648,28 +644,32 @@ def apply_noisy_neighbour(req: FaultRequest, ctx: JobContext) -> list[Controller
     return [NoisyLoad(req.name, ctx, command, active=not switchback(req))]
 
 
-def marked(marker: str) -> list[ProcId]:
-    """Every live process started with MARKER_ENV=marker, and every descendant of one.
+def marked(marker: str, proc: Path = node_proc.PROC) -> list[ProcId]:
+    """Every live process of ours started with MARKER_ENV=marker, and every descendant of ours of one.
 
+    Ours: every uid of the process is this one's (root's, for the agent that starts the loads).
+    A job's user can set the marker in a process of their own, but not start a root process; a
+    load's workers are root's children, and no user's process becomes one.
     The environment alone does not find what a load forked: a process may write over the memory
     its /proc/PID/environ is read from (stress-ng's workers do, to call themselves
     "stress-ng-cpu [run]"), and then reads as having none. So the marked processes are the roots,
     and their children, found by parent, are theirs however they look."""
+    me = os.geteuid()
     roots: list[int] = []
     children: dict[int, list[int]] = {}
-    for pid in node_proc.pids():
-        if node_proc.environ(pid).get(MARKER_ENV) == marker:
+    for pid in node_proc.pids(proc):
+        if node_proc.environ(pid, proc).get(MARKER_ENV) == marker and node_proc.owned_by(pid, me, proc):
             roots.append(pid)
-        elif (ppid := node_proc.parent(pid)) is not None:
+        elif (ppid := node_proc.parent(pid, proc)) is not None:
             children.setdefault(ppid, []).append(pid)
     found: set[int] = set()
     todo = roots
     while todo:
         pid = todo.pop()
-        if pid not in found:
+        if pid not in found and node_proc.owned_by(pid, me, proc):
             found.add(pid)
             todo.extend(children.get(pid, ()))
-    return [p for p in map(node_proc.proc_id, sorted(found)) if p is not None]
+    return [p for p in (node_proc.proc_id(pid, proc) for pid in sorted(found)) if p is not None]
 
 
 #: Listings of a marked tree the undo makes at most: each kills what the one before missed.

@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+from slurm_chaos.faults import node_proc
+
 
 def read_pid(pidfile: Path) -> int | None:
     try:
@@ -32,36 +34,6 @@ def alive(pid: int | None) -> bool:
     return state != "Z"
 
 
-def cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
-
-
-def environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.decode(errors="replace").partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def _exe_name(pid: int) -> str:
-    """The name of the file the process executes, links resolved (`python3.11` for a process that
-    was started as `python`): the same program started under another name is still the same."""
-    try:
-        return Path(os.readlink(f"/proc/{pid}/exe")).name
-    except OSError:
-        return ""
-
-
 def is_ours(
     pid: int | None, program: str, marker: tuple[str, str] | None = None, arg: str | None = None
 ) -> bool:
@@ -69,12 +41,14 @@ def is_ours(
     if not alive(pid):
         return False
     assert pid is not None
-    argv = cmdline(pid)
-    if not argv or program not in {Path(argv[0]).name, _exe_name(pid)}:
+    argv = node_proc.cmdline(pid)
+    # The file it executes, links resolved (`python3.11` for a process started as `python`): the
+    # same program started under another name is still the same.
+    if not argv or program not in {Path(argv[0]).name, node_proc.exe_name(pid)}:
         return False
     if arg is not None and not any(arg in a for a in argv):
         return False
-    if marker is not None and environ(pid).get(marker[0]) != marker[1]:
+    if marker is not None and node_proc.environ(pid).get(marker[0]) != marker[1]:
         return False
     return True
 

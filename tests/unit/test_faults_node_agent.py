@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -12,9 +11,9 @@ import pytest
 
 from slurm_chaos.errors import SlurmError
 from slurm_chaos.faults import agent
-from slurm_chaos.faults.cleanup import NsRunner, cleanup, node_runner, node_scheduler, stale_reason
+from slurm_chaos.faults.cleanup import cleanup, node_scheduler, stale_reason
 from slurm_chaos.faults.install_hooks import install_hooks
-from slurm_chaos.faults.journal import Header, Journal, Outcome, Undo, any_failed
+from slurm_chaos.faults.journal import Journal, Outcome, Undo, any_failed
 from slurm_chaos.faults.node_base import JobContext
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.fake import FakeScheduler
@@ -265,22 +264,6 @@ def test_the_node_side_cli_questions_tell_running_from_ended_from_cannot_tell() 
     for job in "345":
         with pytest.raises(SlurmError):
             scheduler.time_left(job)
-
-
-def test_node_runner_enters_namespaces_only_when_needed() -> None:
-    runner = FakeRunner(lambda a: Completed(a, 0, "", ""))
-    me = os.getpid()
-    here = Header(
-        "1", "n", 0.0, 0.0, me, os.stat("/proc/self/ns/net").st_ino, os.stat("/proc/self/ns/mnt").st_ino
-    )
-    assert node_runner(here, runner) is runner
-    elsewhere = Header("1", "n", 0.0, 0.0, 1, here.netns, 1)  # same net, another mount namespace
-    wrapped = node_runner(elsewhere, runner)
-    assert isinstance(wrapped, NsRunner) and not wrapped.mount
-    wrapped(["tc", "qdisc", "show"])
-    assert runner.calls[-1][:4] == ("nsenter", "-t", str(wrapped.pid), "-n")
-    gone = Header("1", "n", 0.0, 0.0, 1, 1, 1)
-    assert node_runner(gone, runner) is runner
 
 
 def test_prolog_hook_passes_the_allowed_checkpoint_roots(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """slow-rank method=cgroup and noisy-neighbour stay inside the job's cgroup: v1 and v2, on a fake cgroupfs.
 
 The fake is a directory tree shaped like /sys/fs/cgroup (v1: one directory per hierarchy; v2: the
-unified tree) and a /proc whose ``PID/cgroup`` files say where each task is, as Slurm puts them.
+unified tree) and a /proc (``fakeproc``) whose ``PID/cgroup`` files say where each task is, as
+Slurm puts them, with the job's slurmstepd (root's, running slurmstepd), from which alone the
+job's cgroup is taken: on v2 a user's delegated subtree may hold a ``job_J/step_extern`` too.
 Its "kernel" is small: a control file is a plain file (the last write is its value), and a cgroup
 can be removed while it holds no process and no child cgroup, control files notwithstanding.
 """
@@ -18,13 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fakeproc import FakeProc
 from waiting import wait_until
 
 from slurm_chaos.faults import cgroupfs, node_proc
 from slurm_chaos.faults.cgroupfs import Cgroupfs, job_path
 from slurm_chaos.faults.journal import Journal, UndoContext, revert
 from slurm_chaos.faults.node_base import MARKER_ENV, JobContext, popen_spawner
-from slurm_chaos.faults.node_cpu import JOIN_CGROUPS, CgroupQuota, NoisyLoad, marked
+from slurm_chaos.faults.node_cpu import JOIN_CGROUPS, CgroupQuota, NoisyLoad, extern_step_cgroups, marked
 from slurm_chaos.faults.node_proc import ProcId
 from slurm_chaos.runner import Completed, FakeRunner
 
@@ -32,6 +35,10 @@ JOB = "77"
 TASK = f"/slurm/uid_0/job_{JOB}/step_0/task_1"
 V2_JOB = f"/system.slice/slurmstepd.scope/job_{JOB}"
 V2_TASK = f"{V2_JOB}/step_0/user/task_1"
+#: A v2 subtree systemd delegates to user 1001 (user@1001.service): the user makes cgroups there.
+DELEGATED = "/user.slice/user-1001.slice/user@1001.service"
+#: The PID of the job's slurmstepd in the fake /procs (no real task has PID 1).
+STEPD = 1
 
 
 def fake_rmdir(group: Path) -> None:
@@ -88,12 +95,14 @@ def dead_process() -> ProcId:
     return p or ProcId(child.pid, 1)
 
 
-def fake_proc(tmp_path: Path, cgroups: dict[int, str]) -> Path:
-    proc = tmp_path / "proc"
+def fake_proc(tmp_path: Path, cgroups: dict[int, str], stepd: str | None = None) -> Path:
+    """A /proc with the tasks' cgroups and, given its cgroup lines, step 0's slurmstepd."""
+    proc = FakeProc(tmp_path / "proc")
+    if stepd is not None:
+        proc.stepd(STEPD, JOB, "0", stepd)
     for pid, text in cgroups.items():
-        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
-        (proc / str(pid) / "cgroup").write_text(text)
-    return proc
+        proc.add(pid, text)
+    return proc.root
 
 
 # ---------------------------------------------------------------------------------------- v1
@@ -113,6 +122,12 @@ def v1_lines(path: str = TASK) -> str:
     return f"9:freezer:{path}\n4:memory:{path}\n1:cpu:/\n0::/\n"
 
 
+#: Step 0's slurmstepd on v1: in the job's freezer cgroup, in the step's memory cgroup.
+V1_STEPD = f"9:freezer:/slurm/uid_0/job_{JOB}\n4:memory:/slurm/uid_0/job_{JOB}/step_0\n1:cpu:/\n0::/\n"
+#: Step 0's slurmstepd on v2.
+V2_STEPD = f"0::{V2_JOB}/step_0/slurm\n"
+
+
 def test_job_path_is_the_prefix_up_to_the_jobs_component() -> None:
     assert job_path(TASK, JOB) == f"/slurm/uid_0/job_{JOB}"
     assert job_path(V2_TASK, JOB) == V2_JOB
@@ -122,7 +137,7 @@ def test_job_path_is_the_prefix_up_to_the_jobs_component() -> None:
 
 def test_v1_tasks_move_into_a_group_under_the_jobs_path_and_back(tmp_path: Path, task: ProcId) -> None:
     root = v1_tree(tmp_path)
-    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: v1_lines()}))
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: v1_lines()}, V1_STEPD))
     before = tree(root)
     ctx = ctx_for(tmp_path)
     quota = CgroupQuota("slow-rank", ctx, 1, 60.0, fs, find=lambda job, rank: [task])
@@ -156,7 +171,7 @@ def test_v1_undo_from_outside_the_node_reaches_its_cgroups_through_its_root(
     /proc/PID/root/sys/fs/cgroup (here: the node's tree moved below another root)."""
     node = tmp_path / "node"
     root = v1_tree(node)
-    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: v1_lines()}))
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: v1_lines()}, V1_STEPD))
     ctx = ctx_for(tmp_path)
     CgroupQuota("slow-rank", ctx, 1, 50.0, fs, find=lambda job, rank: [task]).tick(time.time())
     seen_from_host = tmp_path / "host"
@@ -172,14 +187,25 @@ def test_v1_undo_from_outside_the_node_reaches_its_cgroups_through_its_root(
     assert not (moved / "cgroup/cpu/slurm").exists()
 
 
-def test_v1_task_in_no_job_cgroup_is_refused_and_nothing_is_made(tmp_path: Path, task: ProcId) -> None:
+@pytest.mark.parametrize(
+    ("task_lines", "stepd", "why"),
+    [
+        (v1_lines("/"), V1_STEPD, "outside job 77's cgroups"),  # a task in no cgroup of the job
+        (v1_lines(), None, "job 77 has no cgroup here"),  # no slurmstepd of the job: no job cgroup
+        # A slurmstepd in no cgroup of the job (Slurm without cgroup plugins) makes none either.
+        (v1_lines(), "9:freezer:/\n4:memory:/\n1:cpu:/\n0::/\n", "job 77 has no cgroup here"),
+    ],
+)
+def test_v1_task_in_no_job_cgroup_is_refused_and_nothing_is_made(
+    tmp_path: Path, task: ProcId, task_lines: str, stepd: str | None, why: str
+) -> None:
     root = v1_tree(tmp_path)
-    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: v1_lines("/")}))
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: task_lines}, stepd))
     before = tree(root)
     ctx = ctx_for(tmp_path)
     quota = CgroupQuota("slow-rank", ctx, 1, 60.0, fs, find=lambda job, rank: [task])
     assert quota.tick(time.time()) == float("inf")
-    assert "no cgroup of job 77" in quota.refused
+    assert why in quota.refused
     assert tree(root) == before and ctx.journal.read().entries == ()
     assert procs_of(root / "cpu") == []
 
@@ -196,7 +222,7 @@ class ExitsOnWrite(Cgroupfs):
 def test_v1_a_task_that_exits_between_scan_and_write_is_skipped(tmp_path: Path, task: ProcId) -> None:
     root = v1_tree(tmp_path)
     gone = dead_process()
-    proc = fake_proc(tmp_path, {task.pid: v1_lines(), gone.pid: v1_lines()})
+    proc = fake_proc(tmp_path, {task.pid: v1_lines(), gone.pid: v1_lines()}, V1_STEPD)
     ctx = ctx_for(tmp_path)
     # Found by the scan, gone before its affinity is read: skipped, the live task still throttled.
     quota = CgroupQuota("slow-rank", ctx, 1, 60.0, Cgroupfs(root, proc), find=lambda job, rank: [gone, task])
@@ -239,7 +265,7 @@ def test_v2_caps_the_tasks_own_leaf_and_restores_it(tmp_path: Path, task: ProcId
     root = v2_tree(tmp_path)
     leaf = root / V2_TASK.lstrip("/")
     (leaf / "cgroup.procs").write_text(f"{task.pid}\n")
-    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: f"0::{V2_TASK}\n"}))
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: f"0::{V2_TASK}\n"}, V2_STEPD))
     before = tree(root)
     ctx = ctx_for(tmp_path)
     CgroupQuota("slow-rank", ctx, 1, 75.0, fs, find=lambda job, rank: [task]).tick(time.time())
@@ -267,13 +293,15 @@ def test_v2_refuses_a_leaf_shared_with_other_ranks_and_a_task_outside_the_job(
 ) -> None:
     root = v2_tree(tmp_path, others=f"{task.pid}\n{os.getpid()}\n")
     leaf = root / V2_TASK.lstrip("/")
-    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: f"0::{V2_TASK}\n"}))
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: f"0::{V2_TASK}\n"}, V2_STEPD))
     ctx = ctx_for(tmp_path)
     quota = CgroupQuota("slow-rank", ctx, 1, 75.0, fs, find=lambda job, rank: [task])
     quota.tick(time.time())
     assert "not the rank's" in quota.refused
     assert (leaf / "cpu.max").read_text() == "max 100000\n" and ctx.journal.read().entries == ()
-    outside = Cgroupfs(root, fake_proc(tmp_path / "b", {task.pid: "0::/system.slice/sshd.service\n"}))
+    outside = Cgroupfs(
+        root, fake_proc(tmp_path / "b", {task.pid: "0::/system.slice/sshd.service\n"}, V2_STEPD)
+    )
     quota = CgroupQuota("slow-rank", ctx, 1, 75.0, outside, find=lambda job, rank: [task])
     quota.tick(time.time())
     assert "not in job 77's cgroup" in quota.refused and ctx.journal.read().entries == ()
@@ -283,9 +311,8 @@ def test_v2_task_that_exited_before_the_scan_read_it_is_skipped(tmp_path: Path) 
     root = v2_tree(tmp_path)
     gone = dead_process()
     ctx = ctx_for(tmp_path)
-    quota = CgroupQuota(
-        "slow-rank", ctx, 1, 75.0, Cgroupfs(root, tmp_path / "proc"), find=lambda job, rank: [gone]
-    )
+    proc = fake_proc(tmp_path, {}, V2_STEPD)
+    quota = CgroupQuota("slow-rank", ctx, 1, 75.0, Cgroupfs(root, proc), find=lambda job, rank: [gone])
     quota.tick(time.time())  # /proc/PID/cgroup is gone: ENOENT, skipped
     assert not quota.refused and ctx.journal.read().entries == ()
 
@@ -346,34 +373,137 @@ def test_noisy_load_without_a_job_cgroup_is_never_started(tmp_path: Path) -> Non
     assert started == [] and ctx.journal.read().entries == ()
 
 
+V1_EXTERN = f"/slurm_node2/uid_1001/job_{JOB}"
+
+
+def v1_extern(task_freezer: str) -> tuple[str, str]:
+    """The extern slurmstepd's cgroup lines and its task's (in the freezer at `task_freezer`)."""
+    stepd = f"9:freezer:{V1_EXTERN}\n3:cpuset:{V1_EXTERN}/step_extern\n4:memory:{V1_EXTERN}/step_extern\n"
+    task = f"9:freezer:{task_freezer}\n3:cpuset:{V1_EXTERN}/step_extern\n4:memory:{V1_EXTERN}/step_extern\n"
+    return stepd, task
+
+
+def v1_mounts(tmp_path: Path) -> Path:
+    root = tmp_path / "cgroup"
+    for hier in ("freezer", "cpuset", "memory", "cpu"):
+        cgdir(root / hier)
+    return root
+
+
+@pytest.mark.parametrize(("task_freezer", "ready"), [(f"{V1_EXTERN}/step_extern", True), (V1_EXTERN, False)])
+def test_v1_the_extern_steps_cgroups_once_every_hierarchy_holds_its_task(
+    tmp_path: Path, task_freezer: str, ready: bool
+) -> None:
+    """slurmstepd moves its task into cpuset and memory before the freezer: until all three hold it
+    in the step, a load started there would escape the step Slurm kills at the job's end."""
+    proc = FakeProc(tmp_path / "proc")
+    stepd, task = v1_extern(task_freezer)
+    proc.stepd(20, JOB, "extern", stepd)
+    proc.add(21, task, uid=0, ppid=20, argv=("sleep", "100000000"))
+    found = extern_step_cgroups(JOB, Cgroupfs(v1_mounts(tmp_path), proc.root))
+    step = f"{V1_EXTERN}/step_extern"
+    assert found == ({"freezer": step, "cpuset": step, "memory": step} if ready else None)
+
+
+def v2_extern(proc: FakeProc) -> str:
+    """The real extern step on v2: root's slurmstepd and its task; returns the task's cgroup."""
+    proc.stepd(30, JOB, "extern", f"0::{V2_JOB}/step_extern/slurm\n")
+    proc.add(31, f"0::{V2_JOB}/step_extern/user/task_special\n", uid=0, ppid=30)
+    return f"{V2_JOB}/step_extern/user/task_special"
+
+
+def forged_extern(proc: FakeProc, pid: int, uid: int = 1001, exe: str = "/usr/bin/bash") -> None:
+    """A process titled as the job's extern slurmstepd (``exec -a``), with a child in a
+    ``job_J/step_extern`` of the user's delegated subtree."""
+    proc.add(
+        pid,
+        f"0::{DELEGATED}/job_{JOB}/step_extern/slurm\n",
+        argv=(f"slurmstepd: [{JOB}.extern]",),
+        uid=uid,
+        exe=exe,
+    )
+    proc.add(pid + 1, f"0::{DELEGATED}/job_{JOB}/step_extern/user/task_special\n", uid=uid, ppid=pid)
+
+
 @pytest.mark.parametrize(
-    ("cgroups", "ready"),
+    ("uid", "exe"),
     [
-        # slurmstepd moved the task into cpuset and memory but not yet into the freezer: not yet.
-        (
-            {
-                "cpuset": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
-                "memory": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
-                "freezer": f"/slurm_node2/uid_0/job_{JOB}",
-            },
-            False,
-        ),
-        (
-            {
-                "cpuset": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
-                "freezer": f"/slurm_node2/uid_0/job_{JOB}/step_extern",
-            },
-            True,
-        ),
-        ({"": f"{V2_JOB}/step_extern/user/task_special"}, True),
-        ({"": f"{V2_JOB}/step_0/user/task_0"}, False),
-        ({"": f"/system.slice/slurmstepd.scope/job_{JOB}1/step_extern"}, False),
-        ({}, False),
+        (1001, "/usr/bin/bash"),  # exec -a "slurmstepd: [J.extern]" bash
+        (1001, "/usr/sbin/slurmstepd-wlm"),  # the user runs the slurmstepd binary itself
+        (0, "/usr/bin/sleep"),  # a root process that is not slurmstepd
     ],
 )
-def test_a_noisy_load_waits_until_every_hierarchy_holds_the_extern_step(
-    cgroups: dict[str, str], ready: bool
+def test_v2_a_forged_extern_step_in_a_delegated_subtree_is_never_the_jobs(
+    tmp_path: Path, uid: int, exe: str
 ) -> None:
-    from slurm_chaos.faults.node_cpu import in_extern_step
+    """On cgroup v2 with user@U.service delegated, the user makes .../job_J/step_extern and a
+    process titled "slurmstepd: [J.extern]" with a child there (found first: a lower PID); the
+    noisy load goes only into the extern step of root's slurmstepd, or nowhere while it has none."""
+    root = tmp_path / "cgroup"
+    cgdir(root, cgroup__controllers="cpuset cpu memory")
+    proc = FakeProc(tmp_path / "proc")
+    forged_extern(proc, 10, uid, exe)
+    fs = Cgroupfs(root, proc.root)
+    assert extern_step_cgroups(JOB, fs) is None
+    real = v2_extern(proc)
+    assert extern_step_cgroups(JOB, fs) == {"": real}
+    # Another node's extern step (another network namespace) and another job's are not this one's.
+    other = FakeProc(tmp_path / "other")
+    other.stepd(30, JOB, "extern", f"0::{V2_JOB}/step_extern/slurm\n", net="node2")
+    other.add(31, f"0::{V2_JOB}/step_extern/user/task_special\n", uid=0, ppid=30)
+    other.stepd(40, f"{JOB}1", "extern", f"0::{V2_JOB}1/step_extern/slurm\n")
+    other.add(41, f"0::{V2_JOB}1/step_extern/user/task_special\n", uid=0, ppid=40)
+    assert extern_step_cgroups(JOB, Cgroupfs(root, other.root)) is None
 
-    assert in_extern_step(cgroups, JOB) is ready
+
+def test_v2_a_task_in_a_delegated_job_cgroup_is_never_capped(tmp_path: Path, task: ProcId) -> None:
+    """A process of the user's in .../user@1001.service/job_77/step_0/user/task_1 (however it was
+    taken for a task: its environment is the user's) is outside the job's cgroup, which Slurm made
+    under its slurmstepd's: nothing is enabled or capped in the user's tree, nothing journalled."""
+    root = v2_tree(tmp_path)
+    forged = f"{DELEGATED}/job_{JOB}/step_0/user/task_1"
+    cgdir(
+        root / DELEGATED.lstrip("/"), cgroup__controllers="cpu memory", cgroup__subtree_control="cpu memory"
+    )
+    for level in (f"job_{JOB}", f"job_{JOB}/step_0", f"job_{JOB}/step_0/user"):
+        cgdir(
+            root / DELEGATED.lstrip("/") / level, cgroup__controllers="cpu memory", cgroup__subtree_control=""
+        )
+    leaf = cgdir(root / forged.lstrip("/"), cgroup__controllers="cpu", cpu__max="max 100000")
+    (leaf / "cgroup.procs").write_text(f"{task.pid}\n")
+    before = {f: f.read_text() for f in root.rglob("*") if f.is_file()}
+    fs = Cgroupfs(root, fake_proc(tmp_path, {task.pid: f"0::{forged}\n"}, V2_STEPD))
+    ctx = ctx_for(tmp_path)
+    quota = CgroupQuota("slow-rank", ctx, 1, 75.0, fs, find=lambda job, rank: [task])
+    quota.tick(time.time())
+    assert "not in job 77's cgroup" in quota.refused
+    assert ctx.journal.read().entries == ()
+    assert {f: f.read_text() for f in root.rglob("*") if f.is_file()} == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another user")
+def test_a_live_process_titled_as_the_extern_step_is_not_believed(tmp_path: Path) -> None:
+    """The attack as it runs: a user's ``exec -a "slurmstepd: [J.extern]"`` with a child, which on
+    cgroup v2 it would have put in ``.../user@U.service/job_J/step_extern`` (the child's cgroup
+    file here; its title, owner, program and parent are the live processes')."""
+    job = "987654"
+    title = f"slurmstepd: [{job}.extern]"
+    forged = subprocess.Popen(["bash", "-c", f'exec -a "{title}" bash -c "sleep 60; true"'], user=65534)
+    try:
+        wait_until(lambda: any(node_proc.parent(p) == forged.pid for p in node_proc.pids()))
+        (child,) = [p for p in node_proc.pids() if node_proc.parent(p) == forged.pid]
+        assert node_proc.cmdline(forged.pid)[0] == title
+        proc = FakeProc(tmp_path / "proc")
+        for pid, cgroup in (
+            (forged.pid, f"0::{DELEGATED}/job_{job}/step_extern/slurm\n"),
+            (child, f"0::{DELEGATED}/job_{job}/step_extern/user/task_special\n"),
+        ):
+            exe = os.readlink(f"/proc/{pid}/exe")
+            ppid = node_proc.parent(pid) or 1
+            proc.add(pid, cgroup, argv=node_proc.cmdline(pid), uid=65534, exe=exe, ppid=ppid)
+        root = tmp_path / "cgroup"
+        cgdir(root, cgroup__controllers="cpuset cpu memory")
+        assert extern_step_cgroups(job, Cgroupfs(root, proc.root)) is None
+    finally:
+        forged.kill()
+        forged.wait()
