@@ -435,6 +435,7 @@ def apply(
     ckpt_roots: Sequence[str] = (),
     job_interface: str | None = None,
     gpus: Sequence[int] = (),
+    exclusive: bool = False,
 ) -> ApplyResult:
     """Apply the node-level faults of `spec` for one job on this node (see the module docstring)."""
     requests, others = node_requests(spec)
@@ -459,6 +460,7 @@ def apply(
         ckpt_roots=tuple(ckpt_roots),
         job_interface=job_interface,
         gpus=tuple(gpus),
+        exclusive=exclusive,
     )
     slurmd = node_proc.find_ancestor(os.getpid(), "slurmd") or os.getpid()
     journal.write_header(ctx.deadline, slurmd)
@@ -549,6 +551,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--gpus", default="", help="the job's GPUs on this node, as SLURM_JOB_GPUS (none: GPU faults refuse)"
     )
+    a.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="the job holds this node alone, as slurmctld says (none: node-wide faults such as netem refuse)",
+    )
     u = sub.add_parser("undo", help="stop the job's agent and revert its journal on this node")
     u.add_argument("--job", required=True)
     u.add_argument("--node", required=True)
@@ -589,6 +596,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
                 ckpt_roots=args.ckpt_root,
                 job_interface=args.job_interface,
                 gpus=node_gpu.parse_job_gpus(args.gpus),
+                exclusive=args.exclusive,
             )
             log.info(
                 "job %s on %s: applied [%s], failed [%s], left to others [%s], agent %s %s",

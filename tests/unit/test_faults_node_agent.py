@@ -108,7 +108,15 @@ def test_only_node_level_faults_are_the_agents() -> None:
 def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path: Path) -> None:
     sim = TcSim()
     res = agent.apply(
-        "12", "node1", "netem:delay=30ms", 0.3, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "12",
+        "node1",
+        "netem:delay=30ms",
+        0.3,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert res.applied == ("netem",)
     # run_loop returned at the deadline and undid the journal
@@ -117,7 +125,15 @@ def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path
     assert state.closed and not state.pending()
     # A requeued job (same id) starts a fresh journal and applies again.
     again = agent.apply(
-        "12", "node1", "netem:delay=30ms", 0.2, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "12",
+        "node1",
+        "netem:delay=30ms",
+        0.2,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert again.applied == ("netem",)
     assert len(list((tmp_path / "node1").glob("12.*.done"))) == 1
@@ -135,7 +151,15 @@ def test_a_failing_fault_leaves_the_others(tmp_path: Path) -> None:
     sim = TcSim()
     sim.root = "qdisc htb 1: root refcnt 2\n"
     res = agent.apply(
-        "14", "node1", "netem:delay=1ms", 0.1, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "14",
+        "node1",
+        "netem:delay=1ms",
+        0.1,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert res.failed == ("netem",) and res.applied == ()
 
@@ -151,6 +175,7 @@ def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
         sim.runner,
         log_file=tmp_path / "a.log",
         job_interface="eth0",
+        exclusive=True,
     )
     assert res.agent_pid is not None
     assert Path(f"/proc/{res.agent_pid}").exists()
