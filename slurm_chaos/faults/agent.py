@@ -139,7 +139,7 @@ class FailureLog:
             log.error("%s", message)
             if self.failures == self.first:
                 self.next_summary = now + self.every_s
-                log.error("%s: %d: the next are summed up every %g s", self.what, self.first, self.every_s)
+                log.error("%s: %d logged, the next summed up every %g s", self.what, self.first, self.every_s)
             return
         self.untold += 1
         self.last = message
@@ -179,7 +179,7 @@ class Switched:
     failures: FailureLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self.failures = FailureLog(f"{self.name}: failed switches")
+        self.failures = FailureLog(f"{self.name}: failed switches on {self.channel.path}")
 
     def tick(self, now: float) -> float:
         self.failures.flush(now)

@@ -251,9 +251,11 @@ def _tc_restore(data: Mapping[str, Json], ctx: UndoContext) -> str:
     if not ok:
         return f"{iface} is gone ({out.strip()[:100]})"
     now = root_qdisc(out)
-    if now is None or not now.ours(handle, ours):
-        what = f"'{now.line}'" if now else "none"
-        return f"{iface}: root qdisc is {what}, not ours ({'/'.join(sorted(ours))} {handle}): left as it is"
+    if now is None or now.default:
+        return f"{iface}: root qdisc is {now.kind if now else 'none'}: nothing of ours to undo"
+    if not now.ours(handle, ours):
+        mine = f"{'/'.join(sorted(ours))} {handle}"
+        return f"{iface}: root qdisc is '{now.line}', not ours ({mine}): left as it is"
     argv = ["tc", "qdisc", "del", "dev", iface, "root", "handle", handle]
     res = ctx.runner(argv, timeout=10)
     ok, out = _show(ctx, iface)
