@@ -271,13 +271,15 @@ def test_the_prolog_lets_netem_act_only_where_slurmctld_says_the_job_holds_the_n
     ]
     sim = TcSim()
     slurm = cast(Scheduler, Controller(record))
-    assert hook_main(["prolog", *argv], env=env, runner=sim.runner, scheduler=slurm) == 0
-    err = capsys.readouterr().err
-    assert 'SPEC "netem:rate=1M" granted' in err
-    if alone:
-        assert "applied [netem]" in err and "netem 402a:" in sim.root
-    else:
-        assert "does not hold node1 exclusively" in err and "failed [netem]" in err
-        assert sim.root == DEFAULT and not any(c[:3] == ("tc", "qdisc", "add") for c in sim.runner.calls)
-    assert hook_main(["epilog", *argv], env=env, runner=sim.runner, scheduler=slurm) == 0
+    try:
+        assert hook_main(["prolog", *argv], env=env, runner=sim.runner, scheduler=slurm) == 0
+        err = capsys.readouterr().err
+        assert 'SPEC "netem:rate=1M" granted' in err
+        if alone:
+            assert "applied [netem]" in err and "netem 402a:" in sim.root
+        else:
+            assert "does not hold node1 exclusively" in err and "failed [netem]" in err
+            assert sim.root == DEFAULT and not any(c[:3] == ("tc", "qdisc", "add") for c in sim.runner.calls)
+    finally:  # stops the agent the prolog started, if it started one
+        assert hook_main(["epilog", *argv], env=env, runner=sim.runner, scheduler=slurm) == 0
     assert sim.root == DEFAULT
