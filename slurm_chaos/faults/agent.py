@@ -175,7 +175,6 @@ class Switched:
     last_switch: float = float("-inf")
     switches: int = 0
     held_back: int = 0
-    used_up: bool = False
     failures: FailureLog = field(init=False)
 
     def __post_init__(self) -> None:
@@ -205,8 +204,7 @@ class Switched:
         self._switch(req, now)
 
     def _use_up(self, req: control.Request) -> None:
-        self.used_up = True
-        self.next_poll = float("inf")
+        self.next_poll = float("inf")  # never read again
         state = control.State.ON if self.on else control.State.OFF
         why = f"the job's {MAX_SWITCHES_PER_JOB} switches on this node are used up: {self.name} stays {state}"
         log.warning("%s: %s: its control channel %s is no longer read", self.name, why, self.channel.path)
