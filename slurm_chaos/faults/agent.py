@@ -105,6 +105,54 @@ class Delayed:
             c.stop()
 
 
+#: The least time between two requests of one channel that the agent acts on. A switchback job asks
+#: at block boundaries, and a block is at least 10 steps (``slurm_chaos.schedule.MIN_BLOCK``): the
+#: sandbox's 10 ms steps ask every 100 ms at the fastest. A request that comes sooner waits for the
+#: interval to end, and is then acknowledged (well within the probe's 1 s wait, outside its step
+#: timings); a newer request that replaces it meanwhile is the one acted on. So a job that writes
+#: requests as fast as it can makes root switch (fork ``tc``, scan ``/proc``) 20 times a second at most.
+MIN_SWITCH_INTERVAL_S = 0.05
+#: Requests acted on per job and node: the default schedule (1,000 steps, blocks of 10-15) asks for
+#: about 100, so 100 times that. Beyond it the fault stays as it is and the channel is no longer read.
+MAX_SWITCHES_PER_JOB = 10_000
+#: Failed switches logged in full; after them one summary at most every FAILURE_SUMMARY_EVERY_S.
+FAILURES_LOGGED = 10
+FAILURE_SUMMARY_EVERY_S = 60.0
+
+
+@dataclass
+class FailureLog:
+    """Error lines for failures a job can repeat at will: the first `first` in full, then a count and
+    the last message at most once every `every_s` seconds (and once more at the end)."""
+
+    what: str
+    first: int = FAILURES_LOGGED
+    every_s: float = FAILURE_SUMMARY_EVERY_S
+    failures: int = 0
+    untold: int = 0
+    last: str = ""
+    next_summary: float = float("inf")
+
+    def failed(self, message: str, now: float) -> None:
+        self.failures += 1
+        if self.failures <= self.first:
+            log.error("%s", message)
+            if self.failures == self.first:
+                self.next_summary = now + self.every_s
+                log.error("%s: %d logged, the next summed up every %g s", self.what, self.first, self.every_s)
+            return
+        self.untold += 1
+        self.last = message
+        self.flush(now)
+
+    def flush(self, now: float, final: bool = False) -> None:
+        if not self.untold or (now < self.next_summary and not final):
+            return
+        log.error("%s: %d more (%d in all); the last: %s", self.what, self.untold, self.failures, self.last)
+        self.untold = 0
+        self.next_summary = now + self.every_s
+
+
 @dataclass
 class Switched:
     """The reversible faults of a switchback job, turned on and off by its control channel.
@@ -112,7 +160,9 @@ class Switched:
     The faults were authorised and applied like any other (journalled, undone by the journal);
     they start off. Every POLL_S the agent reads the channel's request, which can only say on or
     off (:mod:`slurm_chaos.faults.control`), switches every fault, and acknowledges the new state
-    with the time it took effect, or with the error that left the faults as they were.
+    with the time it took effect, or with the error that left the faults as they were. It acts on
+    one request per MIN_SWITCH_INTERVAL_S at most and on MAX_SWITCHES_PER_JOB in all: the channel
+    is the job's to write, as fast and as often as it likes.
     """
 
     name: str
@@ -120,14 +170,45 @@ class Switched:
     children: list[Switchable]
     on: bool = False
     next_poll: float = 0.0
+    #: The newest request read and not yet acted on (it waits for the interval to end).
+    pending: control.Request | None = None
+    last_switch: float = float("-inf")
+    switches: int = 0
+    held_back: int = 0
+    failures: FailureLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failures = FailureLog(f"{self.name}: failed switches on {self.channel.path}")
 
     def tick(self, now: float) -> float:
+        self.failures.flush(now)
         if now >= self.next_poll:
             self.next_poll = now + control.POLL_S
-            req = self.channel.read()
-            if req is not None:
-                self._switch(req, now)
+            self.pending = self.channel.read() or self.pending
+            if self.pending is not None:
+                self._take(self.pending, now)
         return min([self.next_poll] + [c.tick(now) for c in self.children])
+
+    def _take(self, req: control.Request, now: float) -> None:
+        due = self.last_switch + MIN_SWITCH_INTERVAL_S
+        if self.last_switch <= now < due:  # (a clock set back does not hold requests back)
+            self.held_back += 1
+            self.next_poll = due
+            return
+        self.pending = None
+        if self.switches >= MAX_SWITCHES_PER_JOB:
+            self._use_up(req)
+            return
+        self.switches += 1
+        self.last_switch = now
+        self._switch(req, now)
+
+    def _use_up(self, req: control.Request) -> None:
+        self.next_poll = float("inf")  # never read again
+        state = control.State.ON if self.on else control.State.OFF
+        why = f"the job's {MAX_SWITCHES_PER_JOB} switches on this node are used up: {self.name} stays {state}"
+        log.warning("%s: %s: its control channel %s is no longer read", self.name, why, self.channel.path)
+        self.channel.acknowledge(control.Ack(req.epoch, state, time.time(), why))
 
     def _switch(self, req: control.Request, now: float) -> None:
         want = req.state is control.State.ON
@@ -140,7 +221,9 @@ class Switched:
             for child in done:  # back to the state the job was last told
                 with contextlib.suppress(ChaosError, OSError):
                     child.switch(self.on, now)
-            log.error("%s: switch %s for job %s failed: %s", self.name, req.state, self.channel.path, exc)
+            self.failures.failed(
+                f"{self.name}: switch {req.state} for job {self.channel.path} failed: {exc}", now
+            )
             state = control.State.ON if self.on else control.State.OFF
             self.channel.acknowledge(control.Ack(req.epoch, state, time.time(), str(exc)[:300]))
             return
@@ -151,6 +234,16 @@ class Switched:
         for c in self.children:
             c.stop()
         self.channel.close()
+        self.failures.flush(time.time(), final=True)
+        log.info(
+            "%s: %s: %d requests acted on (%d failed), %d held back by the %g s interval",
+            self.name,
+            self.channel.path,
+            self.switches,
+            self.failures.failures,
+            self.held_back,
+            MIN_SWITCH_INTERVAL_S,
+        )
 
 
 def open_switched(requests: Sequence[FaultRequest], ctx: JobContext) -> tuple[list[Controller], list[str]]:
@@ -435,6 +528,7 @@ def apply(
     ckpt_roots: Sequence[str] = (),
     job_interface: str | None = None,
     gpus: Sequence[int] = (),
+    exclusive: bool = False,
 ) -> ApplyResult:
     """Apply the node-level faults of `spec` for one job on this node (see the module docstring)."""
     requests, others = node_requests(spec)
@@ -459,6 +553,7 @@ def apply(
         ckpt_roots=tuple(ckpt_roots),
         job_interface=job_interface,
         gpus=tuple(gpus),
+        exclusive=exclusive,
     )
     slurmd = node_proc.find_ancestor(os.getpid(), "slurmd") or os.getpid()
     journal.write_header(ctx.deadline, slurmd)
@@ -549,6 +644,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--gpus", default="", help="the job's GPUs on this node, as SLURM_JOB_GPUS (none: GPU faults refuse)"
     )
+    a.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="the job holds this node alone, as slurmctld says (none: node-wide faults such as netem refuse)",
+    )
     u = sub.add_parser("undo", help="stop the job's agent and revert its journal on this node")
     u.add_argument("--job", required=True)
     u.add_argument("--node", required=True)
@@ -589,6 +689,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None) -> int
                 ckpt_roots=args.ckpt_root,
                 job_interface=args.job_interface,
                 gpus=node_gpu.parse_job_gpus(args.gpus),
+                exclusive=args.exclusive,
             )
             log.info(
                 "job %s on %s: applied [%s], failed [%s], left to others [%s], agent %s %s",

@@ -84,6 +84,9 @@ class JobContext:
     job_interface: str | None = None
     #: The GPUs slurmd gave the job on this node (SLURM_JOB_GPUS); () when it has none.
     gpus: tuple[int, ...] = ()
+    #: slurmctld's word that the job holds this node alone (the prolog's JobFacts.exclusive): node-wide
+    #: faults (netem) act only then, whatever the policy's require_exclusive says.
+    exclusive: bool = False
 
     def marker(self, fault: str) -> str:
         return f"{self.node}:{self.job_id}:{fault}"

@@ -6,8 +6,15 @@ so the management interface (or whatever carries the default route) is shaped on
 site itself names it. The prolog runs in slurmd's network namespace, so the qdisc lands on the
 node's own interface.
 netem shapes egress only: a delay D on node A adds D to every round trip between A and others.
-slurm-chaos installs its qdisc with a fixed handle (``cafe:``) so that the undo can tell its own
-qdisc from one an administrator set, and never replaces a root qdisc it did not create.
+
+A root qdisc shapes every job's traffic on the interface, so netem acts only for a job that holds
+the node alone, as slurmctld told the prolog (``JobContext.exclusive``), whatever the policy's
+``require_exclusive`` says. Each job's qdisc has a handle of its own (:func:`qdisc_handle`), which
+the journal records with the kinds it may have: slurm-chaos adds a root qdisc only where the
+kernel's default is (``tc qdisc add`` never replaces one), and deletes one only by that handle
+(``tc qdisc del ... root handle H:``, which the kernel refuses for any other root qdisc) and only
+when its kind is ours too; anything else on the interface (another job's, an administrator's) is
+left, with the reason logged.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from slurm_chaos.faults.journal import Json, Undo, UndoContext, UndoFailed, undo
 from slurm_chaos.faults.node_base import Controller, JobContext, applies, check, log, num, switchback
 from slurm_chaos.faults.spec import FaultRequest
 
-HANDLE = "cafe:"
+#: Our handles: one major per job id in 4000:..7fff:, above the small numbers administrators pick
+#: (1:, 10:, 100:, 1000:), below the ones the kernel picks itself (8000: and up; ffff: for ingress),
+#: never 0: (the kernel's default root qdisc).
+HANDLE_BASE = 0x4000
+HANDLE_SPAN = 0x4000
+#: The one handle of journals written before handles were per job.
+LEGACY_HANDLE = "cafe:"
 #: netem, or tbf where the kernel lacks sch_netem and only a rate limit can be had.
 OUR_KINDS = frozenset({"netem", "tbf"})
 
@@ -36,14 +49,21 @@ class RootQdisc:
     handle: str
     line: str
 
-    @property
-    def ours(self) -> bool:
-        return self.kind in OUR_KINDS and self.handle == HANDLE
+    def ours(self, handle: str, kinds: frozenset[str] = OUR_KINDS) -> bool:
+        """Whether this is the qdisc a job installed: its handle and one of the kinds it may have."""
+        return self.handle == handle and self.kind in kinds
 
     @property
     def default(self) -> bool:
         # The kernel's own root qdisc has handle 0: (noqueue) or one it numbered itself.
-        return self.kind in DEFAULT_KINDS and not self.ours
+        return self.kind in DEFAULT_KINDS
+
+
+def qdisc_handle(job_id: str) -> str:
+    """The handle of a job's root qdisc, as tc prints it ('4d2:')."""
+    if not job_id.isdigit():
+        raise ChaosError(f"netem: job id {job_id!r} is not a number")
+    return f"{HANDLE_BASE + int(job_id) % HANDLE_SPAN:x}:"
 
 
 def root_qdisc(show: str) -> RootQdisc | None:
@@ -86,9 +106,20 @@ def job_interface(ctx: JobContext) -> str:
     return ctx.job_interface
 
 
+def require_exclusive(ctx: JobContext) -> None:
+    """ChaosError unless the job holds the node alone: a node-wide fault acts on every job there."""
+    if not ctx.exclusive:
+        raise ChaosError(
+            f"netem: job {ctx.job_id} does not hold {ctx.node} exclusively (submit with --exclusive): "
+            "a qdisc on the job interface shapes every job's traffic there, whatever require_exclusive says"
+        )
+
+
 @applies("netem")
 def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
+    require_exclusive(ctx)
     iface = job_interface(ctx)
+    handle = qdisc_handle(ctx.job_id)
     ok, out = _show(ctx, iface)
     if not ok:
         raise ChaosError(f"netem: cannot read the qdiscs of {iface}: {out.strip()}")
@@ -98,21 +129,27 @@ def apply_netem(req: FaultRequest, ctx: JobContext) -> list[Controller]:
             f"netem: {iface} already has root qdisc '{before.line}'; slurm-chaos does not replace "
             "a qdisc it did not create (run 'slurm-chaos cleanup' if it is a leftover of ours)"
         )
-    argv = ["tc", "qdisc", "add", "dev", iface, "root", "handle", HANDLE, "netem", *netem_args(req)]
+    argv = ["tc", "qdisc", "add", "dev", iface, "root", "handle", handle, "netem", *netem_args(req)]
+    data: dict[str, Json] = {
+        "iface": iface,
+        "before": before.kind if before else "",
+        "handle": handle,
+        "kinds": [kind for kind in sorted(OUR_KINDS)],
+    }
     ctx.journal.record(
         req.name,
         " ".join(argv) + " (or tbf for the rate alone where the kernel lacks netem)",
-        Undo(action="tc_restore", data={"iface": iface, "before": before.kind if before else ""}),
+        Undo(action="tc_restore", data=data),
         ctx.deadline,
     )
     if switchback(req):
         # Off until the job asks: the qdisc is added when switched on, deleted when switched off.
-        toggle = QdiscToggle(req.name, ctx, iface, argv)
+        toggle = QdiscToggle(req.name, ctx, iface, argv, handle)
         toggle.probe_kind(req)
         return [toggle]
     res = ctx.runner(argv, timeout=10)
     if not res.ok and "kind is unknown" in res.stderr:
-        return _without_netem(req, ctx, iface)
+        return _without_netem(req, ctx, iface, handle)
     check(res.ok, " ".join(argv), res.stderr)
     return []
 
@@ -123,13 +160,15 @@ class QdiscToggle:
 
     Off is the interface's default qdisc (ours deleted), on is ours added again, so an off block
     is exactly the unfaulted interface; the journal's ``tc_restore`` removes ours whatever state
-    the job left it in.
+    the job left it in. Neither replaces nor deletes a root qdisc of another handle: a switch that
+    finds one fails, and the job is told.
     """
 
     name: str
     ctx: JobContext
     iface: str
     argv: list[str]
+    handle: str
     on: bool = False
 
     def probe_kind(self, req: FaultRequest) -> None:
@@ -137,7 +176,7 @@ class QdiscToggle:
         in the middle of the job's first on block; and an error is reported before the job."""
         res = self.ctx.runner(self.argv, timeout=10)
         if not res.ok and "kind is unknown" in res.stderr:
-            _without_netem(req, self.ctx, self.iface)
+            _without_netem(req, self.ctx, self.iface, self.handle)
             head = self.argv[: self.argv.index("netem")]
             self.argv = [*head, "tbf", *tbf_args(int(num(req, "rate")))]
         else:
@@ -145,7 +184,7 @@ class QdiscToggle:
         self._delete()
 
     def _delete(self) -> None:
-        argv = ["tc", "qdisc", "del", "dev", self.iface, "root"]
+        argv = ["tc", "qdisc", "del", "dev", self.iface, "root", "handle", self.handle]
         res = self.ctx.runner(argv, timeout=10)
         check(res.ok, " ".join(argv), res.stderr)
 
@@ -171,7 +210,7 @@ def tbf_args(rate: int) -> list[str]:
     return ["rate", f"{rate}bps", "burst", str(max(32768, rate // 100)), "latency", "1s"]
 
 
-def _without_netem(req: FaultRequest, ctx: JobContext, iface: str) -> list[Controller]:
+def _without_netem(req: FaultRequest, ctx: JobContext, iface: str, handle: str) -> list[Controller]:
     # Some kernels ship without sch_netem (CONFIG_NET_SCH_NETEM unset): a rate limit is still real
     # (tbf); delay, jitter and loss are not faked, and the log says so.
     lost = [k for k in ("delay", "jitter", "loss") if num(req, k) > 0]
@@ -190,7 +229,7 @@ def _without_netem(req: FaultRequest, ctx: JobContext, iface: str) -> list[Contr
         iface,
         "root",
         "handle",
-        HANDLE,
+        handle,
         "tbf",
         *tbf_args(int(num(req, "rate"))),
     ]
@@ -202,19 +241,28 @@ def _without_netem(req: FaultRequest, ctx: JobContext, iface: str) -> list[Contr
 
 @undo_action("tc_restore")
 def _tc_restore(data: Mapping[str, Json], ctx: UndoContext) -> str:
-    """Delete our root qdisc; the kernel puts its default back. Harmless when it is gone already."""
+    """Delete our root qdisc, by its handle; the kernel puts its default back. Harmless when it is
+    gone already; any other root qdisc is left (the outcome says why)."""
     iface = str(data["iface"])
+    handle = str(data.get("handle", LEGACY_HANDLE))
+    kinds = data.get("kinds")
+    ours = frozenset(str(k) for k in kinds) if isinstance(kinds, list) else OUR_KINDS
     ok, out = _show(ctx, iface)
     if not ok:
         return f"{iface} is gone ({out.strip()[:100]})"
     now = root_qdisc(out)
-    if now is None or not now.ours:
-        return f"{iface}: root qdisc is {now.kind if now else 'none'}, not ours: nothing to undo"
-    res = ctx.runner(["tc", "qdisc", "del", "dev", iface, "root"], timeout=10)
-    if not res.ok:
-        raise UndoFailed(f"tc qdisc del dev {iface} root: {res.stderr.strip()}")
+    if now is None or now.default:
+        return f"{iface}: root qdisc is {now.kind if now else 'none'}: nothing of ours to undo"
+    if not now.ours(handle, ours):
+        mine = f"{'/'.join(sorted(ours))} {handle}"
+        return f"{iface}: root qdisc is '{now.line}', not ours ({mine}): left as it is"
+    argv = ["tc", "qdisc", "del", "dev", iface, "root", "handle", handle]
+    res = ctx.runner(argv, timeout=10)
     ok, out = _show(ctx, iface)
     after = root_qdisc(out) if ok else None
-    if after is not None and after.ours:
-        raise UndoFailed(f"{iface}: our netem qdisc is still there")
-    return f"tc qdisc del dev {iface} root (now {after.kind if after else 'none'})"
+    if after is not None and after.ours(handle, ours):
+        raise UndoFailed(f"{iface}: our {after.kind} qdisc {handle} is still there ({res.stderr.strip()})")
+    if not res.ok:  # gone or replaced since we looked: the kernel deletes by the handle only
+        now_is = f"'{after.line}'" if after else "none"
+        return f"{iface}: root qdisc is {now_is}, not ours ({handle}): left as it is"
+    return f"{' '.join(argv)} (now {after.kind if after else 'none'})"

@@ -4,8 +4,8 @@ chaosok is allowed by the policy, chaosno is not. Both may bring their own SLURM
 plugstack.conf, with a SPANK plugin of their own that puts any SPEC in the job's SPANK
 environment (what libslurm, pyslurm or slurmrestd let any user do too). A fault reached the node
 when a new rollback journal appears (every applied change is journalled first), or when the job
-sees our qdisc (handle ``cafe:``). After each test every node is as it was: qdiscs, mounts,
-cgroups, processes, node state.
+sees our qdisc (a handle of ours, ``node_net.qdisc_handle``). After each test every node is as it
+was: qdiscs, mounts, cgroups, processes, node state.
 
 The policy, the plugin's plugstack.conf line and the prolog/epilog hooks are installed for this
 module and the previous files restored afterwards; the users are tests/conftest.py's
@@ -34,6 +34,7 @@ from nodecgroups import leftover_cgroups
 from slurm_chaos.faults import node_proc
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks
 from slurm_chaos.faults.node_base import MARKER_ENV
+from slurm_chaos.faults.node_net import qdisc_handle
 from slurm_chaos.faults.plugin_install import (
     JOB_SUBMIT_LUA,
     PluginArgs,
@@ -263,7 +264,12 @@ def admin_marked(authz: Authz, *sbatch: str) -> tuple[str, Path]:
 
 def assert_no_fault(authz: Authz, journals_before: set[Path], output: str = "") -> None:
     assert authz.journals() == journals_before, "a fault was journalled, so applied"
-    assert "cafe:" not in output, output
+    assert not our_qdiscs(output), output
+
+
+def our_qdiscs(output: str) -> list[str]:
+    """The root qdiscs of slurm-chaos that `tc qdisc show` printed (node_net's handles, 4000:..7fff:)."""
+    return re.findall(r"qdisc (?:tbf|netem) [4-7][0-9a-f]{3}: root", output)
 
 
 # --------------------------------------------------------------------------------- positive control
@@ -274,7 +280,7 @@ def test_allowed_user_on_exclusive_nodes_gets_the_fault(authz: Authz, unchanged:
     start = time.time()
     res, job, out = batch(authz, "chaosok", "-N1", "--exclusive", f"--chaos={SPEC}")
     assert res.ok, res.stderr
-    assert "tbf cafe:" in out, out
+    assert f"tbf {qdisc_handle(job)} root" in out, out
     assert authz.audit(job, start) == ["granted"]
     assert authz.journals() - unchanged
 
@@ -330,7 +336,7 @@ def test_array_tasks_get_no_fault_unless_the_policy_allows_them(authz: Authz, un
     )  # fmt: skip
     assert res.ok, res.stderr
     for task in (1, 2):
-        assert "tbf cafe:" in Path(str(out).replace("%a", str(task))).read_text()
+        assert our_qdiscs(Path(str(out).replace("%a", str(task))).read_text())
 
 
 def test_het_job_components_get_no_fault_unless_the_policy_allows_them(
@@ -347,7 +353,7 @@ def test_het_job_components_get_no_fault_unless_the_policy_allows_them(
         "srun --het-group=0,1 tc qdisc show dev eth0",
     )  # fmt: skip
     assert res.ok, res.stderr
-    assert out.read_text().count("tbf cafe:") == 2  # each component's node
+    assert len(our_qdiscs(out.read_text())) == 2  # each component's node
 
 
 @pytest.mark.parametrize("bad", ["missing", "malformed", "not root's", "writable by others"])

@@ -1,9 +1,10 @@
 """Node-level faults on the real sandbox: the effect seen from inside a job, and the node as before after it.
 
 The prolog/epilog hooks are installed into the sandbox's prolog.d/epilog.d for this module, with a
-policy that lets root inject on shared nodes. Jobs get their SPEC as an administrator gives one
-(``sbatch --hold``, ``scontrol update JobId=J AdminComment=slurm-chaos=SPEC``, ``scontrol release``),
-so these tests do not depend on the SPANK plugin.
+policy that lets root inject on shared nodes (netem, node-wide, acts only for a job that holds its
+node alone: its jobs are submitted with --exclusive). Jobs get their SPEC as an administrator gives
+one (``sbatch --hold``, ``scontrol update JobId=J AdminComment=slurm-chaos=SPEC``, ``scontrol
+release``), so these tests do not depend on the SPANK plugin.
 Each node is a slurmd in its own network and mount namespaces; its state is read by entering them.
 """
 
@@ -32,6 +33,7 @@ from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks, uninstall_hooks
 from slurm_chaos.faults.journal import Journal, Undo, any_failed
 from slurm_chaos.faults.node_base import MARKER_ENV
+from slurm_chaos.faults.node_net import qdisc_handle
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
 
@@ -373,13 +375,13 @@ def test_network_degradation_is_measured_inside_the_job_and_reverted(cluster: Cl
     cluster.wait_state(base, {"", "COMPLETED"})
     netem = kernel_has_netem(cluster)
     spec = "netem:rate=256K" + (",delay=40ms" if netem else "")
-    job = cluster.submit(script.replace("9101", "9102"), spec, "-N2", "-w", "node[1-2]")
+    job = cluster.submit(script.replace("9101", "9102"), spec, "-N2", "-w", "node[1-2]", "--exclusive")
     cluster.wait_done(job, nodes)
     plain, shaped = cluster.output(base), cluster.output(job)
     (send0,), (send1,) = values(plain, "SEND_S"), values(shaped, "SEND_S")
     # 1 MiB at 256 KiB/s takes at least ~3.5 s (the first 32 KiB burst goes at once); unshaped, < 1 s.
     assert send0 < 1.0 and send1 > 3.0, (plain, shaped)
-    assert "cafe:" in shaped and ("netem" in shaped if netem else "tbf" in shaped)
+    assert f"{qdisc_handle(job)} root" in shaped and ("netem" in shaped if netem else "tbf" in shaped)
     if netem:
         (rtt0,), (rtt1,) = values(plain, "RTT_MS"), values(shaped, "RTT_MS")
         assert rtt1 - rtt0 > 35, (rtt0, rtt1)
@@ -757,14 +759,15 @@ def test_scancel_mid_fault_leaves_nothing_behind(cluster: Cluster) -> None:
     nodes = ["node1", "node2"]
     ckpt = cluster.checkpoints / f"ckpt-cancel-{uuid.uuid4().hex[:6]}"
     before = cluster.snapshots(nodes)
-    job = cluster.submit("srun -N2 -n2 sleep 300\n", SLEEP_SPEC.format(ckpt=ckpt), "-N2", "-w", "node[1-2]")
+    spec = SLEEP_SPEC.format(ckpt=ckpt)
+    job = cluster.submit("srun -N2 -n2 sleep 300\n", spec, "-N2", "-w", "node[1-2]", "--exclusive")
     cluster.wait_state(job, {"RUNNING"})
     cluster.wait_agent(job, "node1")
 
     def faults_on() -> bool:  # the qdisc, the noisy neighbour, and the duty cycle caught rank 0
         return (
             "duty cycle" in cluster.journal("node1", job)
-            and "cafe:" in cluster.qdisc("node1")
+            and qdisc_handle(job) in cluster.qdisc("node1")
             and bool(cluster.marked("node1"))
         )
 
@@ -784,7 +787,8 @@ def test_missed_epilog_is_reverted_by_the_watchdog(cluster: Cluster) -> None:
     before = cluster.snapshot("node3")
     hook = _disable_epilog(cluster)
     try:
-        job = cluster.submit("sleep 2\n", "netem:rate=1M+noisy-neighbour:cpus=1", "-N1", "-w", "node3")
+        spec = "netem:rate=1M+noisy-neighbour:cpus=1"
+        job = cluster.submit("sleep 2\n", spec, "-N1", "-w", "node3", "--exclusive")
         cluster.wait_state(job, {"", "COMPLETED"})
         assert Journal(cluster.journal_root, "node3", job).read().pending()  # no epilog ran
         cluster.wait_reverted(job, ["node3"], timeout=60)  # the agent sees the job gone within ~15 s
@@ -801,7 +805,7 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
     ckpt = cluster.checkpoints / f"ckpt-cleanup-{uuid.uuid4().hex[:6]}"
     try:
         spec = f"netem:rate=1M+noisy-neighbour:cpus=1+ckpt-full:path={ckpt}"
-        job = cluster.submit("sleep 4\n", spec, "-N1", "-w", "node4")
+        job = cluster.submit("sleep 4\n", spec, "-N1", "-w", "node4", "--exclusive")
         cluster.wait_agent(job, "node4")
         cluster.wait_log(f"prolog: job {job} on node4")  # the prolog is done: the agent detached
         agent_entry = next(
@@ -809,7 +813,7 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
         )
         os.kill(int(str(agent_entry.undo.data["pid"])), 9)
         cluster.wait_state(job, {"", "COMPLETED"})
-        assert "cafe:" in str(cluster.snapshot("node4")["qdisc"])  # left behind
+        assert qdisc_handle(job) in str(cluster.snapshot("node4")["qdisc"])  # left behind
         # From the sandbox host: cleanup enters node4's namespaces to revert.
         reverted = cleanup(cluster.journal_root, ["node4"], SubprocessRunner(base_env=cluster.env))
     finally:
@@ -823,7 +827,7 @@ def test_dead_agent_and_missed_epilog_are_reverted_by_cleanup(cluster: Cluster) 
 
 
 def test_journal_is_json_lines_written_before_the_change(cluster: Cluster) -> None:
-    job = cluster.submit("sleep 1\n", "netem:rate=2M", "-N1", "-w", "node1")
+    job = cluster.submit("sleep 1\n", "netem:rate=2M", "-N1", "-w", "node1", "--exclusive")
     cluster.wait_done(job, ["node1"])
     records = [json.loads(line) for line in cluster.journal("node1", job).splitlines()]
     kinds = [r["kind"] for r in records]
@@ -871,7 +875,7 @@ def test_spank_plugin_and_the_prolog_act_on_one_granted_spec(cluster: Cluster) -
         else:
             plugstack.write_text(saved)
     out = (cluster.shared / f"plugin-{job}.out").read_text()
-    assert "tbf cafe:" in out or "netem cafe:" in out, out  # the prolog's change, seen by the job
+    assert f"tbf {qdisc_handle(job)}" in out or f"netem {qdisc_handle(job)}" in out, out  # the prolog's
     assert "NCCL_IB_DISABLE=1" in out, out  # the plugin's, in the same job
     faults = {json.loads(line).get("fault") for line in cluster.journal("node2", job).splitlines()}
     assert {"netem", "agent", "nccl-degrade"} <= faults  # one journal holds both sides' changes

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from slurm_chaos.errors import SlurmError
+from slurm_chaos.errors import ChaosError, SlurmError
 from slurm_chaos.faults import agent
 from slurm_chaos.faults.cleanup import cleanup, node_scheduler, stale_reason
+from slurm_chaos.faults.control import Ack, ChannelOwner, Request, State
 from slurm_chaos.faults.install_hooks import install_hooks
 from slurm_chaos.faults.journal import Journal, Outcome, Undo, any_failed
-from slurm_chaos.faults.node_base import JobContext
+from slurm_chaos.faults.node_base import JobContext, log
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.fake import FakeScheduler
 
@@ -107,7 +111,15 @@ def test_only_node_level_faults_are_the_agents() -> None:
 def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path: Path) -> None:
     sim = TcSim()
     res = agent.apply(
-        "12", "node1", "netem:delay=30ms", 0.3, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "12",
+        "node1",
+        "netem:delay=30ms",
+        0.3,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert res.applied == ("netem",)
     # run_loop returned at the deadline and undid the journal
@@ -116,7 +128,15 @@ def test_watchdog_reverts_at_the_deadline_and_a_second_apply_is_a_no_op(tmp_path
     assert state.closed and not state.pending()
     # A requeued job (same id) starts a fresh journal and applies again.
     again = agent.apply(
-        "12", "node1", "netem:delay=30ms", 0.2, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "12",
+        "node1",
+        "netem:delay=30ms",
+        0.2,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert again.applied == ("netem",)
     assert len(list((tmp_path / "node1").glob("12.*.done"))) == 1
@@ -134,7 +154,15 @@ def test_a_failing_fault_leaves_the_others(tmp_path: Path) -> None:
     sim = TcSim()
     sim.root = "qdisc htb 1: root refcnt 2\n"
     res = agent.apply(
-        "14", "node1", "netem:delay=1ms", 0.1, tmp_path, sim.runner, foreground=True, job_interface="eth0"
+        "14",
+        "node1",
+        "netem:delay=1ms",
+        0.1,
+        tmp_path,
+        sim.runner,
+        foreground=True,
+        job_interface="eth0",
+        exclusive=True,
     )
     assert res.failed == ("netem",) and res.applied == ()
 
@@ -150,6 +178,7 @@ def test_detached_agent_is_stopped_by_undo(tmp_path: Path) -> None:
         sim.runner,
         log_file=tmp_path / "a.log",
         job_interface="eth0",
+        exclusive=True,
     )
     assert res.agent_pid is not None
     assert Path(f"/proc/{res.agent_pid}").exists()
@@ -304,3 +333,151 @@ def test_site_journal_root_is_per_sandbox(sandbox, monkeypatch: pytest.MonkeyPat
     sandbox = load_site(repo / "site_configs" / "sandbox.yaml", site_placeholders)
     assert site_journal_root(sandbox) == Path(str(sandbox.slurm.hooks_dir)).parent / "journal"
     assert site_journal_root(load_site(repo / "site_configs" / "h100-ib-example.yaml")) == DEFAULT_ROOT
+
+
+# --------------------------------------------------------------------------------- the channel's limits
+
+
+@dataclass
+class Channel:
+    """The agent's end of a control channel, as the job writes it: `hammer` puts a new request there
+    before every read (a job writing as fast as it can), else the test sets `request`; `once`
+    hands each request out once (a channel read like a pipe)."""
+
+    hammer: bool = False
+    once: bool = False
+    request: Request | None = None
+    last_epoch: int = 0
+    reads: int = 0
+    acks: list[Ack] = field(default_factory=list)
+    path: Path = Path("/nonexistent/node1/77.control")
+
+    def read(self) -> Request | None:
+        self.reads += 1
+        if self.hammer:
+            epoch = self.last_epoch + self.reads
+            self.request = Request(epoch, State.ON if epoch % 2 else State.OFF)
+        req, self.request = self.request, (None if self.once else self.request)
+        return req if req is not None and req.epoch > self.last_epoch else None
+
+    def acknowledge(self, ack: Ack) -> None:
+        self.last_epoch = max(self.last_epoch, ack.epoch)
+        self.acks.append(ack)
+
+    def close(self) -> None:
+        pass
+
+
+class Fault:
+    """A switchable fault that records when it was switched (and fails every time when told to)."""
+
+    name = "fake"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.switched: list[tuple[float, bool]] = []
+        self.fail = fail
+
+    def switch(self, on: bool, now: float) -> None:
+        if self.fail:
+            raise ChaosError("tc: Exclusivity flag on, cannot modify")
+        self.switched.append((now, on))
+
+    def tick(self, now: float) -> float:
+        return float("inf")
+
+    def stop(self) -> None:
+        pass
+
+
+def switched(channel: Channel, fault: Fault) -> agent.Switched:
+    return agent.Switched("netem", cast(ChannelOwner, channel), [fault])
+
+
+def drive(sw: agent.Switched, until: float, every: float = 0.001) -> None:
+    """The agent's loop on a clock of its own: a tick every `every` seconds from 0 to `until`."""
+    for i in range(round(until / every) + 1):
+        sw.tick(i * every)
+
+
+@pytest.fixture
+def errors() -> Iterator[list[str]]:
+    """The agent's ERROR lines while the test runs."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.ERROR:
+                lines.append(record.getMessage())
+
+    handler = Keep()
+    log.addHandler(handler)
+    yield lines
+    log.removeHandler(handler)
+
+
+def test_a_job_writing_requests_as_fast_as_it_can_gets_one_switch_per_interval() -> None:
+    channel, fault = Channel(hammer=True), Fault()
+    sw = switched(channel, fault)
+    drive(sw, 10.0)
+    times = [t for t, _ in fault.switched]
+    # 200 polls a second found a new request each; 20 a second were acted on (10 s, 0.05 s apart).
+    assert 150 <= len(times) <= 10.0 / agent.MIN_SWITCH_INTERVAL_S + 1, len(times)
+    assert min(b - a for a, b in itertools.pairwise(times)) >= agent.MIN_SWITCH_INTERVAL_S - 1e-9
+    assert len(channel.acks) == len(times) == sw.switches and sw.held_back > 0
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_a_request_too_soon_waits_for_the_interval_and_the_newest_is_acknowledged(once: bool) -> None:
+    """What the probe relies on: every request is answered, the one that came too soon late."""
+    channel, fault = Channel(once=once), Fault()
+    sw = switched(channel, fault)
+    channel.request = Request(1, State.ON)
+    sw.tick(0.0)
+    assert [(a.epoch, a.state) for a in channel.acks] == [(1, State.ON)] and sw.on
+    channel.request = Request(2, State.OFF)
+    for now in (0.010, 0.020, 0.049):
+        sw.tick(now)
+    assert len(channel.acks) == 1 and sw.next_poll == pytest.approx(agent.MIN_SWITCH_INTERVAL_S)
+    sw.tick(0.050)
+    assert [(a.epoch, a.state, a.error) for a in channel.acks][1:] == [(2, State.OFF, "")] and not sw.on
+    channel.request = Request(3, State.ON)
+    sw.tick(0.060)
+    channel.request = Request(4, State.OFF)  # the job changed its mind before the interval was over
+    sw.tick(0.100)
+    assert [(a.epoch, a.state) for a in channel.acks][2:] == [(4, State.OFF)]
+    assert fault.switched == [(0.0, True), (0.05, False), (0.1, False)]
+
+
+def test_requests_beyond_the_jobs_switches_leave_the_fault_and_the_channel_unread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(agent, "MAX_SWITCHES_PER_JOB", 3)
+    channel, fault = Channel(hammer=True), Fault()
+    sw = switched(channel, fault)
+    drive(sw, 1.0)
+    assert [on for _, on in fault.switched] == [True, False, True] and sw.on
+    last = channel.acks[-1]
+    assert (
+        len(channel.acks) == 4
+        and last.state is State.ON
+        and "3 switches on this node are used up" in last.error
+    )
+    reads = channel.reads
+    drive(sw, 2.0)
+    assert channel.reads == reads and len(channel.acks) == 4 and sw.next_poll == float("inf")
+
+
+def test_failed_switches_are_logged_in_full_ten_times_then_summed_up_once_a_minute(
+    errors: list[str],
+) -> None:
+    channel, fault = Channel(hammer=True), Fault(fail=True)
+    sw = switched(channel, fault)
+    drive(sw, 300.0, every=0.01)  # five minutes of a job that makes every switch fail
+    sw.stop()
+    failures = len(channel.acks)
+    assert failures >= 5000 and all(a.error for a in channel.acks)
+    full = [e for e in errors if "Exclusivity flag" in e and "more" not in e]
+    summaries = [e for e in errors if " more (" in e]
+    assert len(full) == agent.FAILURES_LOGGED
+    assert 5 <= len(summaries) <= 6 and f"({failures} in all)" in summaries[-1], summaries
+    assert len(errors) <= agent.FAILURES_LOGGED + 1 + 6

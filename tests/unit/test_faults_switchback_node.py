@@ -485,7 +485,9 @@ def test_a_switchback_netem_adds_its_qdisc_only_while_on(journal_root: Path) -> 
         out = "qdisc noqueue 0: root refcnt 2\n" if argv[:3] == ("tc", "qdisc", "show") else ""
         return Completed(argv, 0, out, "")
 
-    ctx = dataclasses.replace(ctx_for(journal_root), runner=FakeRunner(tc), job_interface="eth1")
+    ctx = dataclasses.replace(
+        ctx_for(journal_root), runner=FakeRunner(tc), job_interface="eth1", exclusive=True
+    )
     (req,) = parse_spec("netem:delay=5ms,control=switchback")
     (sw,) = apply_all([req], ctx, time.time())[0]
     assert isinstance(sw, Switched)
@@ -493,7 +495,7 @@ def test_a_switchback_netem_adds_its_qdisc_only_while_on(journal_root: Path) -> 
     assert isinstance(toggle, QdiscToggle)
     adds = [c for c in calls if c[:3] == ("tc", "qdisc", "add")]
     dels = [c for c in calls if c[:3] == ("tc", "qdisc", "del")]
-    assert len(adds) == 1 and dels == [("tc", "qdisc", "del", "dev", "eth1", "root")]  # tried, then off
+    assert len(adds) == 1 and dels == [("tc", "qdisc", "del", "dev", "eth1", "root", "handle", "404d:")]
     calls.clear()
     toggle.switch(True, 0)
     toggle.switch(True, 0)  # already on: no second add

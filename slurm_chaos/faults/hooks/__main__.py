@@ -147,6 +147,7 @@ def prolog(
         ckpt_roots=args.ckpt_root,
         job_interface=decision.job_interface,
         gpus=parse_job_gpus(env.get("SLURM_JOB_GPUS")),
+        exclusive=decision.facts.exclusive is True,
     )
     log.info(
         "prolog: job %s on %s: SPEC %s granted: applied [%s] failed [%s] agent %s %s",
