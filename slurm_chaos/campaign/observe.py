@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 JOB_LABELS = ("job_id", "jobid", "slurm_job_id")
 #: Node states whose Reason says why (a drain, slurmd not responding, a failed node).
 REASON_STATES = ("DRAIN", "DOWN", "FAIL", "FAILING")
+#: The jobs a health-check drain reason names (its findings say ``job <id> ...``).
+REASON_JOB_RE = re.compile(r"\bjob ([A-Za-z0-9_]+)\b")
 #: Slurm's reason time is a time_t: whole seconds, truncated (``Observation.resolution_s``).
 REASON_TIME_RESOLUTION_S = 1.0
 #: What would have caught each finding of the reference checks: slurm-chaos's own check, metric
@@ -196,10 +198,11 @@ class Watcher:
     def _check_node(self, node: NodeInfo) -> None:
         name = node.name
         self._aliases.update({host_of(a): name for a in (node.hostname, node.address) if a and a != name})
-        # Our own injected drain is the fault, not a detection of it.
-        ours = node.reason.startswith(REASON_PREFIX)
+        # Our own injected drain is the fault, not a detection of it; nor is the health check's drain
+        # on another job's findings (a job on a shared node) a detection of this one's fault.
+        ignored = node.reason.startswith(REASON_PREFIX) or self.anothers_drain(node.reason)
         now = self.clock.time()
-        drained = node.drain and bool(node.reason) and not ours
+        drained = node.drain and bool(node.reason) and not ignored
         healthcheck = drained and node.reason.startswith(HEALTHCHECK_PREFIX)
         detail = f"{name}: {node.reason}"
         down = f"{name}: {node.reason or 'not responding'}"
@@ -208,16 +211,24 @@ class Watcher:
             (f"drain-{name}", Signal.NODE_DRAINED, detail, drained),
             (f"down-{name}", Signal.NODE_DOWN, down, "DOWN" in node.state),
         ):
-            shown = self._shown(key, on, node, ours, now)
+            shown = self._shown(key, on, node, ignored, now)
             if shown is not None:
                 self._note(key, signal, what, shown[0], res=shown[1])
         key = f"reason-{name}-{node.reason}"
-        reasoned = bool(node.reason) and not ours and any(s in node.state for s in REASON_STATES)
-        shown = self._shown(key, reasoned, node, ours, now)
+        reasoned = bool(node.reason) and not ignored and any(s in node.state for s in REASON_STATES)
+        shown = self._shown(key, reasoned, node, ignored, now)
         if shown is not None:
             for d in self.detectors:
                 if d.matches_reason(node.reason):
                     self._detected(key, d, detail, shown[0], res=shown[1])
+
+    def anothers_drain(self, reason: str) -> bool:
+        """A health-check drain reason that names jobs (findings of their own heartbeats or tasks),
+        none of them this one: another job's, which says nothing about this job's fault."""
+        if not reason.startswith(HEALTHCHECK_PREFIX):
+            return False
+        jobs = set(REASON_JOB_RE.findall(reason))
+        return bool(jobs) and self.job_id not in jobs
 
     def _shown(
         self, key: str, on: bool, node: NodeInfo, ours: bool, now: float

@@ -2,6 +2,12 @@
 
 Readers take their roots (/proc, /sys, /dev/kmsg) as arguments so tests feed them fake trees;
 checks are pure functions of those facts and return one `Result` each.
+
+A CRITICAL result says what it rests on in its `findings`: a finding of a job rests on what that job
+reports about itself or sets for itself (its heartbeats; its tasks' CPU binding, which `taskset`
+changes), which any user can forge for their own job; a finding without a job is the node's own
+measurement (GPUs through NVML and the kernel log, root's own write to the checkpoint storage).
+Whether a job's findings may drain the node is the health check's decision, not the checks'.
 """
 
 from __future__ import annotations
@@ -29,12 +35,23 @@ XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
 
 
 @dataclass(frozen=True)
+class Finding:
+    """One problem behind a CRITICAL result: of job `job_id` as the job's own reports show it, or
+    measured by the node itself (`job_id` None)."""
+
+    job_id: str | None
+    text: str
+
+
+@dataclass(frozen=True)
 class Result:
-    """The outcome of one check on one node."""
+    """The outcome of one check on one node; a CRITICAL one names what it rests on in `findings`
+    (none: the node's own measurement, as for every GPU check)."""
 
     check: str
     status: int
     message: str
+    findings: tuple[Finding, ...] = ()
 
     @property
     def word(self) -> str:
@@ -57,6 +74,15 @@ class Thresholds:
     throttle_clock_ratio: float = 0.5
     throttle_min_util: int = 50
     numa_share: bool = True
+    #: At most one drain per node in this many seconds on findings of a policy-allowed job
+    #: (root's jobs and the node's own measurements are not limited).
+    report_drain_interval_s: float = 60.0
+
+
+def reported(check: str, findings: Iterable[Finding]) -> Result:
+    """A CRITICAL result resting on `findings`, its message theirs."""
+    found = tuple(findings)
+    return Result(check, CRITICAL, "; ".join(f.text for f in found), found)
 
 
 # ---------------------------------------------------------------- straggler
@@ -76,12 +102,13 @@ def check_straggler(node: str, beats: Iterable[Beat], th: Thresholds, now: float
         base = beat.compute_time / ratio
         if ratio > th.straggler_ratio and beat.compute_time - base > th.straggler_min_delta_s:
             peers = sum(1 for b in fresh if b.job_id == beat.job_id and b.rank != beat.rank)
-            slow.append(
+            text = (
                 f"job {beat.job_id} rank {beat.rank} computes {beat.compute_time * 1e3:.1f} ms/step, "
                 f"{ratio:.2f}x the median of {peers} other rank(s)"
             )
+            slow.append(Finding(beat.job_id, text))
     if slow:
-        return Result("straggler", CRITICAL, "; ".join(slow))
+        return reported("straggler", slow)
     return Result("straggler", OK, f"{len(mine)} rank(s) in step with their jobs")
 
 
@@ -270,22 +297,24 @@ def _gpu_mismatch(
     )
 
 
-def _squeezed(step: list[Task], share_check: bool) -> list[str]:
+def _squeezed(step: list[Task], share_check: bool) -> list[Finding]:
     """Ranks of one step sharing fewer CPUs than there are ranks, or bound below their CPU share."""
     out = []
     union = frozenset().union(*(t.cpus for t in step))
     first = step[0]
     if len(step) > 1 and len(union) < len(step):
-        out.append(f"job {first.job_id}: {len(step)} ranks squeezed onto CPUs {format_cpulist(union)}")
+        text = f"job {first.job_id}: {len(step)} ranks squeezed onto CPUs {format_cpulist(union)}"
+        out.append(Finding(first.job_id, text))
     if not share_check:
         return out
     for task in step:
         share = task.cpus_per_task or (task.cpus_on_node // len(step) if task.cpus_on_node else None)
         if share and len(task.cpus) < share:
-            out.append(
+            text = (
                 f"job {task.job_id} rank {task.procid} bound to {len(task.cpus)} CPU(s) "
                 f"({format_cpulist(task.cpus)}) of its share of {share}"
             )
+            out.append(Finding(task.job_id, text))
     return out
 
 
@@ -298,9 +327,12 @@ def check_numa(
     th: Thresholds,
     now: float,
 ) -> Result:
-    """Running ranks bound away from their GPU's NUMA node, or squeezed onto too few CPUs."""
+    """Running ranks bound away from their GPU's NUMA node, or squeezed onto too few CPUs.
+
+    Both are the job's findings: a task's CPUs are what its process allows itself (`taskset`
+    narrows them), and the heartbeat's flag is what the probe says."""
     problems = [
-        f"job {b.job_id} rank {b.rank}: the probe reports its GPU on a remote NUMA node"
+        Finding(b.job_id, f"job {b.job_id} rank {b.rank}: the probe reports its GPU on a remote NUMA node")
         for b in beats
         if b.host == node and b.numa_mismatch and b.fresh(now, th.stale_after_s)
     ]
@@ -309,11 +341,11 @@ def check_numa(
         steps.setdefault((task.job_id, task.step_id), []).append(task)
         mismatch = _gpu_mismatch(task, layout, gpu_numa)
         if mismatch:
-            problems.append(mismatch)
+            problems.append(Finding(task.job_id, mismatch))
     for step in steps.values():
         problems += _squeezed(step, th.numa_share)
     if problems:
-        return Result("numa", CRITICAL, "; ".join(problems))
+        return reported("numa", problems)
     return Result("numa", OK, f"{len(tasks)} task(s) of {len(steps)} step(s) bound as allocated")
 
 
@@ -372,14 +404,21 @@ def _timed_write(directory: Path, name: str, timeout: float) -> str | None:
 def check_checkpoint(
     node: str, path: str | None, beats: Iterable[Beat], th: Thresholds, now: float
 ) -> Result:
-    """Free space and writability of the checkpoint storage, and checkpoint failures the probe reported."""
+    """Free space and writability of the checkpoint storage (root's own write), and checkpoint
+    failures the probe reported (the jobs' findings)."""
     failing = [
-        f"job {b.job_id} rank {b.rank}: {b.checkpoint_failures} checkpoint write(s) failed"
+        Finding(b.job_id, f"job {b.job_id} rank {b.rank}: {b.checkpoint_failures} checkpoint write(s) failed")
         for b in beats
         if b.host == node and b.checkpoint_failures > 0 and b.fresh(now, th.stale_after_s)
     ]
-    if failing:
-        return Result("checkpoint", CRITICAL, "; ".join(failing))
+    storage = check_checkpoint_storage(node, path, th)
+    if storage.status == CRITICAL:
+        failing.append(Finding(None, storage.message))
+    return reported("checkpoint", failing) if failing else storage
+
+
+def check_checkpoint_storage(node: str, path: str | None, th: Thresholds) -> Result:
+    """Free space and writability of the checkpoint storage, as a write of root's own finds them."""
     if not path:
         return Result("checkpoint", OK, "no checkpoint path configured")
     directory = Path(path)

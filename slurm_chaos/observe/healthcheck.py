@@ -6,14 +6,25 @@ else drained. Exit codes follow Nagios: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. 
 checked, and the thresholds, come from a small TOML file (`install_healthcheck` writes one per
 site) and the command line. Each run also leaves its results in ``<state_dir>/<node>.json`` for
 the Prometheus exporter.
+
+What a job reports about itself (its heartbeats, its tasks' CPU binding) any user can forge for
+their own job, so it drains the node only for a job Slurm's facts vouch for (`standing`): root's
+own (a heartbeat directory root owns, or a job slurmctld says is uid 0's), or one the site's
+root-owned policy allows by the user, account, partition and reservation slurmctld reports. Any
+other job's findings are a WARNING that says why (the exporter's metrics and alerts still show
+them), never a drain. Drains on an allowed non-root job's findings are rate-limited per node
+(``thresholds.report_drain_interval_s``, recorded in the root-owned ``<state_dir>/<node>.drained``).
+The node's own measurements (GPUs, root's write to the checkpoint storage) drain as before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
+import stat
 import sys
 import time
 import tomllib
@@ -23,8 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_chaos.errors import ChaosError, ConfigError, SlurmError
+from slurm_chaos.faults.policy import POLICY_NAME, JobFacts, PolicyError, load_policy, refusal
 from slurm_chaos.observe import checks
-from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, Result, Thresholds
+from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, Result, Thresholds
 from slurm_chaos.probe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
 from slurm_chaos.runner import Runner, SubprocessRunner
 
@@ -41,6 +53,12 @@ HEARTBEAT_HOOK_NAME = "40-slurm-chaos-heartbeat"
 HEARTBEAT_HOOK_TIMEOUT_S = 20
 SCONTROL_TIMEOUT_S = 10
 REASON_MAX = 200
+#: Where the policy is when neither the config nor SLURM_CONF says (as the fault hooks).
+DEFAULT_SLURM_ETC = Path("/etc/slurm")
+#: The record of this check's last drain on a job's findings, per node, in the state directory
+#: (not ``*.json``: the exporter reads those as node states).
+DRAINED_SUFFIX = ".drained"
+MAX_RECORD_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,8 @@ class Options:
     # -1: look for GPUs; 0: a CPU node (GPU checks are skipped); N: the node must show N GPUs.
     gpus_per_node: int = -1
     slurm_conf: str | None = None
+    #: The site's root-owned policy (default: beside slurm_conf, else /etc/slurm).
+    policy: Path | None = None
     drain: bool = True
     thresholds: Thresholds = field(default_factory=Thresholds)
 
@@ -66,6 +86,13 @@ class Options:
     def states(self) -> Path:
         return self.state_dir or self.heartbeats.parent / "health"
 
+    @property
+    def policy_file(self) -> Path:
+        if self.policy is not None:
+            return self.policy
+        conf = self.slurm_conf or ""
+        return (Path(conf).parent if conf.startswith("/") else DEFAULT_SLURM_ETC) / POLICY_NAME
+
 
 # ---------------------------------------------------------------- configuration
 
@@ -76,6 +103,7 @@ _TOP_KEYS = {
     "checkpoint_path": str,
     "gpus_per_node": int,
     "slurm_conf": str,
+    "policy": str,
     "thresholds": dict,
 }
 _THRESHOLD_TYPES = {f.name: f.type for f in fields(Thresholds)}
@@ -134,6 +162,7 @@ def load_config(path: Path) -> Options:
         checkpoint_path=data.get("checkpoint_path"),
         gpus_per_node=data.get("gpus_per_node", -1),
         slurm_conf=data.get("slurm_conf"),
+        policy=Path(data["policy"]) if "policy" in data else None,
         thresholds=_thresholds(data.get("thresholds", {}), where),
     )
     return opts
@@ -143,7 +172,7 @@ def render_config(opts: Options, comment: str = "") -> str:
     """The TOML text `load_config` reads back as `opts` (node and drain are per run, not stored)."""
     lines = [f"# {line}" for line in comment.splitlines()]
     lines.append("signals = [" + ", ".join(json.dumps(s) for s in SIGNALS if s in opts.signals) + "]")
-    for key in ("heartbeat_dir", "state_dir", "checkpoint_path", "slurm_conf"):
+    for key in ("heartbeat_dir", "state_dir", "checkpoint_path", "slurm_conf", "policy"):
         value = getattr(opts, key)
         if value is not None:
             lines.append(f"{key} = {json.dumps(str(value))}")
@@ -171,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, help="where results are left for the exporter")
     p.add_argument("--checkpoint-path", help="checkpoint directory to check for space and writability")
     p.add_argument("--gpus", type=int, help="GPUs this node must show (0: CPU node, -1: detect)")
+    p.add_argument("--policy", type=Path, help="the site's policy: whose jobs' own reports may drain")
     p.add_argument("--no-drain", action="store_true", help="only report; never drain or resume")
     return p
 
@@ -186,6 +216,7 @@ def options_from_args(argv: Sequence[str] | None = None) -> Options:
         "state_dir": args.state_dir,
         "checkpoint_path": args.checkpoint_path,
         "gpus_per_node": args.gpus,
+        "policy": args.policy,
     }
     opts = replace(opts, **{k: v for k, v in overrides.items() if v is not None})
     return replace(opts, node=args.node or this_node(), drain=not args.no_drain)
@@ -239,6 +270,157 @@ def run_checks(opts: Options, inputs: Inputs = Inputs(), now: float | None = Non
     return results
 
 
+# ---------------------------------------------------------------- whose reports may drain
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Whether a job's own reports may drain this node, as Slurm's facts and the policy say."""
+
+    job_id: str
+    #: Why they may not (None: they may).
+    refused: str | None = None
+    #: Root's own job: root may drain a node anyway, so no rate limit either.
+    root: bool = False
+
+
+def heartbeat_owner(opts: Options, job_id: str) -> int | None:
+    """The owner of the job's heartbeat directory on this node (the prolog gives it to the job's
+    user; no user can make one root's), or None where there is none."""
+    try:
+        st = (opts.heartbeats / opts.node / job_id).lstat()
+    except (OSError, ValueError):
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+
+def standing(job_id: str, node: str, owner: int | None, scheduler: Scheduler, policy_path: Path) -> Standing:
+    """May job `job_id`'s findings drain `node`? Decided from facts Slurm sets, never from the job's
+    files: its heartbeat directory's owner (`owner`: root's, or the job's user's, as the prolog made
+    it), the job's uid, user, account, partition, reservation and nodes from slurmctld, and the
+    site's root-owned policy (missing or unsafe: no one's findings drain)."""
+    if owner == 0:
+        return Standing(job_id, root=True)
+    try:
+        record = scheduler.job_record(job_id)
+    except SlurmError as exc:
+        return Standing(job_id, f"slurmctld does not vouch for it ({exc})")
+    if record.user_id is None:
+        return Standing(job_id, "slurmctld does not say whose job it is")
+    if owner is not None and owner != record.user_id:
+        return Standing(
+            job_id, f"its heartbeats are uid {owner}'s, slurmctld says the job is uid {record.user_id}'s"
+        )
+    if node not in record.nodes:
+        return Standing(job_id, f"slurmctld does not place it on {node}")
+    if record.user_id == 0:
+        return Standing(job_id, root=True)
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        return Standing(job_id, f"no policy allows it ({exc})")
+    facts = JobFacts(
+        uid=record.user_id,
+        user=record.user or None,
+        account=record.account or None,
+        partition=record.partition or None,
+        reservation=record.reservation or None,
+        exclusive=record.exclusive,
+        array=record.array,
+        het=record.het,
+        nodes=record.num_nodes,
+    )
+    why = refusal(policy, facts)
+    return Standing(job_id, f"the policy does not allow it: {why}" if why else None)
+
+
+def reporting_jobs(results: Sequence[Result]) -> list[str]:
+    """The jobs whose own reports some CRITICAL result rests on, in order."""
+    jobs = (f.job_id for r in results if r.status == CRITICAL for f in r.findings)
+    return list(dict.fromkeys(j for j in jobs if j is not None))
+
+
+def standings(opts: Options, results: Sequence[Result], scheduler: Scheduler) -> dict[str, Standing]:
+    """The standing of every job a CRITICAL result rests on (slurmctld asked once per job)."""
+    return {
+        job: standing(job, opts.node, heartbeat_owner(opts, job), scheduler, opts.policy_file)
+        for job in reporting_jobs(results)
+    }
+
+
+def gate(result: Result, stand: Mapping[str, Standing]) -> Result:
+    """`result` as far as it may drain: the findings of jobs whose reports may not drain are held
+    back; a result left with none is a WARNING (an alert, no drain) that says why."""
+    if result.status != CRITICAL:
+        return result
+
+    def held(f: checks.Finding) -> bool:
+        return f.job_id is not None and (f.job_id not in stand or stand[f.job_id].refused is not None)
+
+    kept = tuple(f for f in result.findings if not held(f))
+    if len(kept) == len(result.findings):
+        return result
+    if kept:
+        return checks.reported(result.check, kept)
+    jobs = dict.fromkeys(f.job_id for f in result.findings if f.job_id is not None)
+    why = "; ".join(f"job {j}: {stand[j].refused if j in stand else 'not vouched for'}" for j in jobs)
+    return Result(result.check, WARNING, f"{result.message} [alert only, no drain: {why}]", result.findings)
+
+
+def _limited(result: Result, stand: Mapping[str, Standing]) -> bool:
+    """Whether a CRITICAL result rests only on findings of non-root jobs (whose drains are limited)."""
+    return bool(result.findings) and all(
+        f.job_id is not None and not (f.job_id in stand and stand[f.job_id].root) for f in result.findings
+    )
+
+
+# ---------------------------------------------------------------- the drain rate limit
+
+
+def drained_record(opts: Options) -> Path:
+    return opts.states / f"{opts.node}{DRAINED_SUFFIX}"
+
+
+def last_drained(path: Path) -> float | str:
+    """When the check last drained this node on a job's findings (0.0: never), or why the record
+    cannot be trusted (it must be a small regular file of ours that no one else may write)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0.0
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return f"{path}: not a regular file of uid {os.geteuid()} writable only by it"
+        text = os.read(fd, MAX_RECORD_BYTES).decode(errors="replace")
+    finally:
+        os.close(fd)
+    try:
+        when = float(json.loads(text)["time"])
+    except (ValueError, KeyError, TypeError):
+        return f"{path}: malformed"
+    return when if when == when else f"{path}: malformed"
+
+
+def rate_limited(opts: Options, now: float) -> str | None:
+    """Why a drain on a job's findings must wait, or None: at most one per node per
+    `report_drain_interval_s`; a record we cannot trust allows none (fail closed)."""
+    path = drained_record(opts)
+    last = last_drained(path)
+    if isinstance(last, str):
+        return f"the drain record cannot be trusted ({last})"
+    interval = opts.thresholds.report_drain_interval_s
+    if now - last < interval:
+        return f"a job's findings drained {opts.node} {now - last:.0f} s ago (at most one per {interval:g} s)"
+    return None
+
+
+def record_drain(opts: Options, reason: str, now: float) -> None:
+    write_atomic(drained_record(opts), json.dumps({"time": now, "reason": reason}), mode=0o644)
+
+
 # ---------------------------------------------------------------- remediation
 
 
@@ -268,23 +450,43 @@ def health_scheduler(runner: Runner, opts: Options) -> Scheduler:
     return SlurmCLI(env, runner, timeout=SCONTROL_TIMEOUT_S)
 
 
-def remediate(scheduler: Scheduler, opts: Options, results: Sequence[Result]) -> Action:
-    """Drain on a CRITICAL result, resume a node we drained once nothing is CRITICAL (NHC's rules)."""
+def remediate(
+    scheduler: Scheduler,
+    opts: Options,
+    results: Sequence[Result],
+    stand: Mapping[str, Standing] | None = None,
+    now: float | None = None,
+) -> Action:
+    """Drain on a CRITICAL result, resume a node we drained once nothing is CRITICAL (NHC's rules).
+
+    `results` are gated already (`gate`); a drain that rests only on findings of non-root jobs
+    (`stand` says whose) waits for the rate limit, and is recorded."""
+    now = time.time() if now is None else now
+    stand = stand or {}
     try:
         info = scheduler.node(opts.node)
     except SlurmError as exc:
         return Action(f"cannot read node {opts.node} from Slurm: {exc}", False)
     failed = [r for r in results if r.status == CRITICAL]
     if failed:
-        reason = _reason(failed[0])
+        free = [r for r in failed if not _limited(r, stand)]
+        reason = _reason((free or failed)[0])
         if info.drain and not _ours(info.reason):
             return Action(f"left alone: already drained by someone else ({info.reason})")
         if info.drain and info.reason.split(":")[:2] == reason.split(":")[:2]:
             return Action("already drained by this check")
+        wait = None if free else rate_limited(opts, now)
+        if wait is not None:
+            return Action(f"not drained: {wait}")
         try:
             scheduler.drain(opts.node, reason)
         except SlurmError as exc:
             return Action(f"drain failed: {exc}", False)
+        if not free:
+            try:
+                record_drain(opts, reason, now)
+            except OSError as exc:
+                print(f"slurm-chaos-healthcheck: cannot record the drain: {exc}", file=sys.stderr)
         return Action(f"drained: {reason}")
     if info.drain and _ours(info.reason):
         try:
@@ -338,9 +540,12 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs
         return UNKNOWN
     now = time.time()
     results = run_checks(opts, inputs, now)
+    scheduler = health_scheduler(runner or SubprocessRunner(), opts)
+    stand = standings(opts, results, scheduler)
+    results = [gate(r, stand) for r in results]
     action = None
     if opts.drain:
-        action = remediate(health_scheduler(runner or SubprocessRunner(), opts), opts, results)
+        action = remediate(scheduler, opts, results, stand, now)
     code = exit_code(results, action)
     write_state(opts, results, action, now)
     print(report(opts.node, results, action, code))
@@ -351,7 +556,10 @@ def main(argv: Sequence[str] | None = None, runner: Runner | None = None, inputs
 
 
 def site_options(site: Site, heartbeats: Path | None = None, states: Path | None = None) -> Options:
-    """The options a site's config file holds: its enabled signals, checkpoint path and GPU count."""
+    """The options a site's config file holds: its enabled signals, checkpoint path, GPU count and
+    the policy `plugin install` writes."""
+    from slurm_chaos.faults.plugin_install import site_policy_path
+
     if heartbeats is None and site.monitoring.heartbeat_dir:
         # The site says where (the sandbox's config names its own directory): no live lookup here.
         heartbeats = Path(site.monitoring.heartbeat_dir)
@@ -364,6 +572,7 @@ def site_options(site: Site, heartbeats: Path | None = None, states: Path | None
         checkpoint_path=site.checkpoint.path,
         gpus_per_node=site.nodes.gpus_per_node,
         slurm_conf=site.slurm.conf,
+        policy=site_policy_path(site),
     )
 
 

@@ -10,6 +10,7 @@ from slurm_chaos.analysis.verdict import judge
 from slurm_chaos.campaign.controller import REASON_PREFIX
 from slurm_chaos.campaign.observe import Watcher, starts_at
 from slurm_chaos.clock import FakeClock
+from slurm_chaos.observe.healthcheck import REASON_PREFIX as HEALTHCHECK_PREFIX
 from slurm_chaos.rundir import Expectation, FaultWindow, Observation, ObservationLog
 from slurm_chaos.site import Detector
 from slurm_chaos.slurm.fake import FakeScheduler, idle_nodes
@@ -183,3 +184,33 @@ def test_our_own_drain_and_a_controller_clock_ahead_are_timed_by_the_poll() -> N
         ("node_drained", "node1"): (clock.now, 1.0),
         ("detector:nhc", "node1"): (clock.now, 1.0),
     }
+
+
+# ------------------------------------------------------------ another job's drain
+
+
+def test_a_health_check_drain_on_another_jobs_findings_is_no_detection_of_this_one() -> None:
+    """A job of another user on a shared node gets it drained: neither a FALSE ALARM of this job's
+    control nor an unearned PASSED of its fault."""
+    clock = FakeClock(1_700_000_000.0)
+    w, fake = node_watcher(clock)
+    w.detectors = (Detector("ours", ("straggler",), drain_reason="^slurm-chaos-health:"),)
+    other = f"{HEALTHCHECK_PREFIX} straggler: job 9{w.job_id} rank 1 computes 5000.0 ms/step, 100.00x"
+    set_reason(fake, "node0", {"MIXED", "DRAIN"}, other, clock.now)
+    w.tick()
+    assert w.observations == []
+    # This job's own findings, and the node's own measurement (no job named), are detections.
+    mine = f"{HEALTHCHECK_PREFIX} straggler: job 9{w.job_id} rank 1 ...; job {w.job_id} rank 0 computes"
+    set_reason(fake, "node0", {"MIXED", "DRAIN"}, mine, clock.now)
+    set_reason(fake, "node1", {"MIXED", "DRAIN"}, f"{HEALTHCHECK_PREFIX} gpu_xid: Xid 79 on GPU 0", clock.now)
+    clock.advance(2)
+    w.tick()
+    assert sorted((o.signal, o.detail.split(":")[0]) for o in w.observations) == [
+        ("detector:ours", "node0"),
+        ("detector:ours", "node1"),
+        ("healthcheck_drain", "node0"),
+        ("healthcheck_drain", "node1"),
+        ("node_drained", "node0"),
+        ("node_drained", "node1"),
+    ]
+    assert w.anothers_drain(other) and not w.anothers_drain(mine) and not w.anothers_drain("NHC: job 1")

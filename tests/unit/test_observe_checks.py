@@ -274,6 +274,43 @@ def test_checkpoint_failures_from_the_probe_heartbeat(tmp_path: Path) -> None:
     assert checks.check_checkpoint("node1", str(tmp_path), beats, TH, NOW).status == OK
 
 
+# ---------------------------------------------------------------- what a CRITICAL rests on
+
+
+def test_each_job_finding_names_its_job_and_the_nodes_own_measurements_none(tmp_path: Path) -> None:
+    """What a job reports about itself, or sets for itself, is its finding; root's write is the node's."""
+    slow = [beat("9", 0, "node2", 0.05), beat("9", 1, "node2", 0.5), beat("8", 0, "node2", 0.05)]
+    straggler = checks.check_straggler("node2", slow, TH, NOW)
+    assert [f.job_id for f in straggler.findings] == ["9"]
+    assert straggler.message == "; ".join(f.text for f in straggler.findings)
+
+    procs = {300 + r: (task_env("12", "0", r, "node1"), "0") for r in range(2)}
+    tasks_ = checks.scan_tasks("node1", fake_proc(tmp_path / "proc", procs))
+    flagged = [beat("11", 0, "node1", 0.05, numa_mismatch=True)]
+    numa = checks.check_numa("node1", tasks_, {}, {}, flagged, Thresholds(numa_share=False), NOW)
+    assert numa.status == CRITICAL and [f.job_id for f in numa.findings] == ["11", "12"]
+
+    failed = [beat("6", 1, "node3", 0.05, checkpoint_failures=1)]
+    reported = checks.check_checkpoint("node3", str(tmp_path), failed, TH, NOW)
+    assert [f.job_id for f in reported.findings] == ["6"]
+    full = Thresholds(checkpoint_min_free_mb=1e12)
+    both = checks.check_checkpoint("node3", str(tmp_path), failed, full, NOW)
+    assert [f.job_id for f in both.findings] == ["6", None]  # root's own probe found the storage full
+    alone = checks.check_checkpoint("node3", str(tmp_path), [], full, NOW)
+    assert alone.status == CRITICAL and [f.job_id for f in alone.findings] == [None]
+
+
+def test_heartbeat_checkpoint_failures_no_longer_skip_roots_own_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's failure report does not stand in for the node's measurement: both are made."""
+    probed: list[str] = []
+    monkeypatch.setattr(checks, "_timed_write", lambda d, n, t: probed.append(str(d)))
+    failed = [beat("6", 1, "node3", 0.05, checkpoint_failures=1)]
+    checks.check_checkpoint("node3", str(tmp_path), failed, TH, NOW)
+    assert probed == [str(tmp_path)]
+
+
 # ---------------------------------------------------------------- GPUs
 
 KMSG = [

@@ -7,17 +7,21 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
-from slurm_chaos.errors import ConfigError
+from slurm_chaos.errors import ConfigError, SlurmError
+from slurm_chaos.faults.policy import Policy, write_policy
+from slurm_chaos.observe import checks
 from slurm_chaos.observe import healthcheck as hc
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, Result, Thresholds
 from slurm_chaos.probe.heartbeat import Heartbeat
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.site import load_site
 from slurm_chaos.slurm.fake import QUERIES, FakeScheduler
+from slurm_chaos.slurm.model import JobRecord
 from slurm_chaos.slurm.parse import parse_scontrol_nodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,6 +172,208 @@ def test_exit_codes_follow_nagios() -> None:
 def test_long_reasons_are_cut() -> None:
     reason = hc._reason(Result("numa", CRITICAL, "x" * 500))
     assert len(reason) == hc.REASON_MAX and reason.endswith("...")
+
+
+# ---------------------------------------------------------------- whose reports may drain
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="the policy file must be root's")
+POLICY = Policy(allow_users=("alice",), allow_partitions=("debug",), allow_reservations=("maint",))
+RECORD = JobRecord(
+    job_id="42",
+    user_id=1001,
+    user="alice",
+    account="chaos",
+    partition="debug",
+    reservation="maint",
+    job_oversubscribe="NO",
+    partition_oversubscribe="NO",
+    array=False,
+    het=False,
+    num_nodes=1,
+    nodes=("node2",),
+    admin_comment="",
+    other_jobs=(),
+)
+MALLORY = replace(RECORD, job_id="66", user_id=1002, user="mallory")
+
+
+@dataclass
+class JobsScheduler(FakeScheduler):
+    """A FakeScheduler that also answers job_record from a table."""
+
+    records: dict[str, JobRecord] = field(default_factory=dict)
+
+    def job_record(self, job_id: str) -> JobRecord:
+        self._call("job_record", job_id)
+        if job_id not in self.records:
+            raise SlurmError(f"job {job_id}: not known to the controller")
+        return self.records[job_id]
+
+
+def jobs(*records: JobRecord, nodes: tuple[str, ...] = ()) -> JobsScheduler:
+    table = parse_scontrol_nodes("\n".join(nodes)) if nodes else {}
+    return JobsScheduler(node_table=table, records={r.job_id: r for r in records})
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Path:
+    path = tmp_path / "slurm-chaos-policy.toml"
+    write_policy(path, POLICY)
+    return path
+
+
+@ROOT_ONLY
+def test_a_job_the_policy_allows_may_drain_one_it_refuses_may_not(policy: Path) -> None:
+    sched = jobs(RECORD, MALLORY)
+    assert hc.standing("42", "node2", 1001, sched, policy) == hc.Standing("42")
+    refused = hc.standing("66", "node2", 1002, sched, policy)
+    assert refused.refused == (
+        "the policy does not allow it: user 'mallory' (uid 1002) may not inject faults (not in allow_users)"
+    )
+    # Every fact is slurmctld's: an allowed user's job outside the allowed partition is refused too.
+    elsewhere = jobs(replace(RECORD, partition="gpu"))
+    assert "partition 'gpu' is not in allow_partitions" in str(
+        hc.standing("42", "node2", 1001, elsewhere, policy)
+    )
+
+
+@ROOT_ONLY
+def test_what_slurm_does_not_vouch_for_never_drains(policy: Path, tmp_path: Path) -> None:
+    sched = jobs(RECORD)
+    unknown = hc.standing("7", "node2", 1001, sched, policy).refused
+    assert unknown is not None and unknown.startswith("slurmctld does not vouch for it")
+    # A heartbeat directory that is not the job's user's (slurmctld's word for whose job it is).
+    assert hc.standing("42", "node2", 1002, sched, policy).refused == (
+        "its heartbeats are uid 1002's, slurmctld says the job is uid 1001's"
+    )
+    assert hc.standing("42", "node3", 1001, sched, policy).refused == "slurmctld does not place it on node3"
+    missing = hc.standing("42", "node2", 1001, sched, tmp_path / "none.toml").refused
+    assert missing is not None and missing.startswith("no policy allows it")
+    policy.chmod(0o666)
+    writable = hc.standing("42", "node2", 1001, sched, policy).refused
+    assert writable is not None and "writable by group or others" in writable
+
+
+def test_roots_own_reports_may_drain_unasked_and_unlimited(tmp_path: Path) -> None:
+    sched = jobs(replace(RECORD, user_id=0, user="root"))
+    # A heartbeat directory root owns: no user can make one; slurmctld is not even asked.
+    assert hc.standing("9", "node2", 0, sched, tmp_path / "none.toml") == hc.Standing("9", root=True)
+    assert sched.queries == {}
+    # A task of a job slurmctld says is root's (no heartbeat directory): no policy needed either.
+    assert hc.standing("42", "node2", None, sched, tmp_path / "none.toml") == hc.Standing("42", root=True)
+
+
+STRAGGLER = checks.Finding("66", "job 66 rank 1 computes 5000.0 ms/step")
+ALLOWED = checks.Finding("42", "job 42 rank 0 computes 5000.0 ms/step")
+FULL = checks.Finding(None, "/ckpt: 1.0 MiB free (< 64 MiB)")
+STANDINGS = {
+    "66": hc.Standing("66", "the policy does not allow it: not in allow_users"),
+    "42": hc.Standing("42"),
+}
+
+
+def test_a_refused_jobs_findings_are_an_alert_that_says_why() -> None:
+    gated = hc.gate(checks.reported("straggler", [STRAGGLER]), STANDINGS)
+    assert gated.status == WARNING
+    assert gated.message == (
+        "job 66 rank 1 computes 5000.0 ms/step [alert only, no drain: job 66: the policy does not allow it: "
+        "not in allow_users]"
+    )
+    # A job the health check could not ask about counts as refused.
+    assert hc.gate(checks.reported("straggler", [ALLOWED]), {}).status == WARNING
+
+
+def test_what_may_drain_is_kept_and_alone_in_the_reason() -> None:
+    mixed = hc.gate(checks.reported("straggler", [STRAGGLER, ALLOWED]), STANDINGS)
+    assert mixed.status == CRITICAL and mixed.findings == (ALLOWED,) and "66" not in mixed.message
+    node = hc.gate(checks.reported("checkpoint", [STRAGGLER, FULL]), STANDINGS)
+    assert node.status == CRITICAL and node.findings == (FULL,)
+    # The node's own measurements (no findings: the GPU checks) pass untouched.
+    assert hc.gate(BAD[1], {}) == BAD[1]
+
+
+def limited_opts(tmp_path: Path, interval: float = 60.0) -> hc.Options:
+    return replace(
+        OPTS, state_dir=tmp_path / "health", thresholds=Thresholds(report_drain_interval_s=interval)
+    )
+
+
+def test_drains_on_an_allowed_jobs_findings_are_rate_limited_per_node(tmp_path: Path) -> None:
+    opts = limited_opts(tmp_path)
+    results = [checks.reported("straggler", [ALLOWED])]
+    sched = fake(node_line("node2"))
+    assert hc.remediate(sched, opts, results, STANDINGS, now=1000.0).did.startswith("drained: ")
+    record = tmp_path / "health" / "node2.drained"
+    st = record.stat()
+    assert st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    assert json.loads(record.read_text())["time"] == 1000.0
+    # Resumed, then the same findings again 30 s later: no second drain within the interval.
+    sched = fake(node_line("node2"))
+    action = hc.remediate(sched, opts, results, STANDINGS, now=1030.0)
+    assert action.did == "not drained: a job's findings drained node2 30 s ago (at most one per 60 s)"
+    assert updates(sched) == []
+    assert hc.remediate(sched, opts, results, STANDINGS, now=1061.0).did.startswith("drained: ")
+    # The node's own measurement and root's jobs are not limited, nor recorded.
+    record.write_text(json.dumps({"time": 1061.0}))
+    for unlimited, stand in (
+        (checks.reported("checkpoint", [FULL]), STANDINGS),
+        (checks.reported("straggler", [ALLOWED]), {"42": hc.Standing("42", root=True)}),
+        (BAD[1], {}),
+    ):
+        sched = fake(node_line("node2"))
+        assert hc.remediate(sched, opts, [unlimited], stand, now=1062.0).did.startswith("drained: ")
+    assert json.loads(record.read_text())["time"] == 1061.0
+
+
+def test_a_drain_record_we_cannot_trust_allows_no_limited_drain(tmp_path: Path) -> None:
+    opts = limited_opts(tmp_path)
+    results = [checks.reported("straggler", [ALLOWED])]
+    record = tmp_path / "health" / "node2.drained"
+    record.parent.mkdir()
+    for plant in ("writable", "link", "malformed"):
+        record.unlink(missing_ok=True)
+        if plant == "link":
+            record.symlink_to(tmp_path / "elsewhere")
+        else:
+            record.write_text("{}" if plant == "malformed" else json.dumps({"time": 0.0}))
+            record.chmod(0o666 if plant == "writable" else 0o644)
+        sched = fake(node_line("node2"))
+        action = hc.remediate(sched, opts, results, STANDINGS, now=1e9)
+        assert action.did.startswith("not drained: the drain record cannot be trusted"), plant
+        assert updates(sched) == []
+
+
+def _forged_heartbeats(hb: Path, job: str, owner: int) -> None:
+    for rank, compute in enumerate([0.05, 5.0]):
+        beat = Heartbeat(hb, job, rank, "node2")
+        for step in range(5):
+            beat.update(step, compute + 0.01, compute, 0.01, checkpoint_failures=1)
+            beat._last_write = float("-inf")
+    for path in [hb / "node2" / job, *(hb / "node2" / job).iterdir()]:
+        os.chown(path, owner, owner)
+
+
+@ROOT_ONLY
+def test_main_alerts_but_never_drains_on_a_refused_users_heartbeats(
+    tmp_path: Path, policy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own job writes a failed checkpoint and a rank 100x slower: the node stays in service."""
+    hb, states = tmp_path / "hb", tmp_path / "health"
+    _forged_heartbeats(hb, "66", 1002)
+    sched = jobs(MALLORY, nodes=(node_line("node2"),))
+    argv = ["--signals", "straggler,checkpoint", "--node", "node2", "--heartbeat-dir", str(hb)]
+    argv += ["--state-dir", str(states), "--checkpoint-path", str(tmp_path), "--policy", str(policy)]
+    opts = hc.options_from_args(argv)
+    results = hc.run_checks(opts, hc.Inputs(proc=tmp_path / "noproc", sys=tmp_path / "nosys"))
+    assert [r.status for r in results] == [CRITICAL, CRITICAL]  # what the checks found, ungated
+    stand = hc.standings(opts, results, sched)
+    assert list(stand) == ["66"] and sched.queries == {"job_record": 1}  # asked once for both
+    gated = [hc.gate(r, stand) for r in results]
+    assert [r.status for r in gated] == [WARNING, WARNING]
+    action = hc.remediate(sched, opts, gated, stand)
+    assert action.did == "none" and updates(sched) == []
+    assert hc.exit_code(gated, action) == WARNING
+    assert not (states / "node2.drained").exists()
 
 
 # ---------------------------------------------------------------- configuration
