@@ -27,7 +27,7 @@ from slurm_chaos.faults.policy import Policy, write_policy
 from slurm_chaos.faults.spec import SpecError, parse_spec
 from slurm_chaos.runner import Completed, FakeRunner
 from slurm_chaos.slurm.backend import Scheduler
-from slurm_chaos.slurm.model import JobRecord
+from slurm_chaos.slurm.model import ClusterConfig, JobRecord, PartitionInfo
 
 DEFAULT = "qdisc noqueue 0: root refcnt 2 \n"
 OURS = "qdisc netem 400a: root refcnt 2 limit 1000 delay 50ms\n"  # job 10's
@@ -229,6 +229,12 @@ class Controller:
         if job_id != self.record.job_id:
             raise SlurmError(f"job {job_id}: not known to the controller")
         return self.record
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        return {self.record.partition: PartitionInfo(self.record.partition, ("node1",))}
+
+    def cluster_config(self) -> ClusterConfig:
+        return ClusterConfig("c")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the policy file must be root's")
