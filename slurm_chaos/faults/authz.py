@@ -43,6 +43,7 @@ from pathlib import Path
 from slurm_chaos.faults.policy import JobFacts, load_policy, preemption_refusal, refusal, user_refusal
 from slurm_chaos.faults.spec import SpecError, canonical_spec
 from slurm_chaos.slurm.backend import Scheduler
+from slurm_chaos.slurm.model import JobRecord
 
 #: AdminComment of a job granted faults: this prefix, then the SPEC.
 SPEC_MARK = "slurm-chaos="
@@ -90,6 +91,22 @@ def env_facts(env: Mapping[str, str]) -> JobFacts | None:
     return JobFacts(uid=int(uid), user=env.get("SLURM_JOB_USER") or None)
 
 
+def record_facts(record: JobRecord, uid: int, user: str | None = None, het: bool = False) -> JobFacts:
+    """The policy's facts from slurmctld's record of a job, with the uid (and user name) of whoever
+    vouched for it first (slurmd, a heartbeat directory's owner); ``het``: slurmd says it is one."""
+    return JobFacts(
+        uid=uid,
+        user=user or record.user or None,
+        account=record.account or None,
+        partition=record.partition or None,
+        reservation=record.reservation or None,
+        exclusive=record.exclusive,
+        array=record.array,
+        het=record.het or het,
+        nodes=record.num_nodes,
+    )
+
+
 def decide(
     job_id: str, node: str, env: Mapping[str, str], scheduler: Scheduler, policy_path: Path
 ) -> Decision | None:
@@ -106,17 +123,7 @@ def decide(
     spec = spec_from_admin_comment(record.admin_comment)
     if not spec:
         return None
-    facts = JobFacts(
-        uid=who.uid,
-        user=who.user or record.user or None,
-        account=record.account or None,
-        partition=record.partition or None,
-        reservation=record.reservation or None,
-        exclusive=record.exclusive,
-        array=record.array,
-        het=record.het or bool(env.get("SLURM_HET_JOB_ID")),
-        nodes=record.num_nodes,
-    )
+    facts = record_facts(record, who.uid, who.user, het=bool(env.get("SLURM_HET_JOB_ID")))
     decision = Decision(
         job_id,
         node,

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurm_chaos.errors import ChaosError, ConfigError, SlurmError
-from slurm_chaos.faults.policy import POLICY_NAME, JobFacts, PolicyError, load_policy, refusal
+from slurm_chaos.faults.authz import record_facts
+from slurm_chaos.faults.policy import POLICY_NAME, PolicyError, load_policy, refusal
 from slurm_chaos.observe import checks
 from slurm_chaos.observe.checks import CRITICAL, OK, SIGNALS, UNKNOWN, WARNING, Result, Thresholds
 from slurm_chaos.probe.heartbeat import heartbeat_dir, read_heartbeats, this_node, write_atomic
@@ -319,18 +320,7 @@ def standing(job_id: str, node: str, owner: int | None, scheduler: Scheduler, po
         policy = load_policy(policy_path)
     except PolicyError as exc:
         return Standing(job_id, f"no policy allows it ({exc})")
-    facts = JobFacts(
-        uid=record.user_id,
-        user=record.user or None,
-        account=record.account or None,
-        partition=record.partition or None,
-        reservation=record.reservation or None,
-        exclusive=record.exclusive,
-        array=record.array,
-        het=record.het,
-        nodes=record.num_nodes,
-    )
-    why = refusal(policy, facts)
+    why = refusal(policy, record_facts(record, record.user_id))
     return Standing(job_id, f"the policy does not allow it: {why}" if why else None)
 
 
