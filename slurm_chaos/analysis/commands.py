@@ -13,6 +13,7 @@ from slurm_chaos.analysis.regression import ALPHA, MIN_EFFECT, compare_runs
 from slurm_chaos.analysis.report import (
     RENDERERS,
     REPORT_FILES,
+    RunReport,
     analyse_run,
     exit_code,
     render_html,
@@ -150,17 +151,24 @@ def _compare_text(c: Comparison, slow: tuple[StragglerScore, ...], waiters: int)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
 
-def report_dir(run_dir: Path, fmt: str, out: Path | None) -> tuple[str, int]:
+def report_dir(
+    run_dir: Path, fmt: str, out: Path | None, report: RunReport | None = None, appendix: str = ""
+) -> tuple[str, int]:
     """Write report.html, report.json and report.xml into ``run_dir``; return (text to print, exit code).
 
     ``out``, when given, receives the requested format too (for table: the table). The text printed
     is the table for ``table``, the document itself for ``json`` and ``junit``, and the page's path
-    for ``html``.
+    for ``html``. ``report``: the run's analysis where the caller made it already; ``appendix``: a
+    section for the page (the site's history, which the campaign renders).
     """
     if fmt not in REPORT_FORMATS:
         raise UsageError(f"--format {fmt!r}: expected one of {', '.join(REPORT_FORMATS)}")
-    report = analyse_run(run_dir)
-    documents = {"html": render_html(report), "json": render_json(report), "junit": render_junit(report)}
+    report = report if report is not None else analyse_run(run_dir)
+    documents = {
+        "html": render_html(report, appendix),
+        "json": render_json(report),
+        "junit": render_junit(report),
+    }
     rendered = documents.get(fmt) or RENDERERS[fmt](report)
     targets = [(run_dir / REPORT_FILES[kind], text) for kind, text in documents.items()]
     for path, text in targets + ([(out, rendered)] if out is not None else []):

@@ -532,8 +532,9 @@ def _overview_html(report: RunReport) -> str:
     )
 
 
-def render_html(report: RunReport) -> str:
-    """A single page with no external resources: CSS inline, plots as inline SVG."""
+def render_html(report: RunReport, appendix: str = "") -> str:
+    """A single page with no external resources: CSS inline, plots as inline SVG. ``appendix``:
+    a section rendered elsewhere (the site's history), placed after the experiments."""
     m = report.manifest
     e = html.escape
     return (
@@ -543,6 +544,7 @@ def render_html(report: RunReport) -> str:
         f'started <time id="started">{e(report.started_local or "-")}</time></p>'
         + _overview_html(report)
         + "".join(_experiment_html(a, report.switches) for a in report.analyses)
+        + appendix
         + "</body></html>\n"
     )
 

@@ -175,14 +175,20 @@ def start(
 
 
 def execute(camp: Campaign) -> tuple[str, int]:
-    """Run it, then report on what finished; (report table, exit code)."""
+    """Run it, then report on what finished; (report table, exit code). A finished campaign is one
+    window of the site's history (a partial one, once resumed): it is recorded before the report is
+    written, whose page then shows the window against the last."""
     from slurm_chaos.analysis.commands import report_dir
+    from slurm_chaos.analysis.report import analyse_run
+    from slurm_chaos.history.commands import record_campaign
 
     finished = run_campaign(camp)
     if not camp.manifest.experiments:
         return f"no experiment finished; run directory {camp.run_dir}", 1 if finished else 130
     t0 = camp.clock.monotonic()
-    text, code = report_dir(camp.run_dir, "table", None)
+    report = analyse_run(camp.run_dir)
+    recorded, trend = record_campaign(camp.site, camp.run_dir, report) if finished else ("", "")
+    text, code = report_dir(camp.run_dir, "table", None, report, trend)
     camp.manifest.timings["analyse"] = camp.clock.monotonic() - t0
     camp.save()
     text += f"\nreport: {camp.run_dir / 'report.html'}  (json: report.json, junit: report.xml)\n"
@@ -191,10 +197,7 @@ def execute(camp: Campaign) -> tuple[str, int]:
         # found, so a caller never reads a partial campaign as a complete one that failed.
         text += f"partial: resume with --resume {camp.run_dir}\n"
         return text, 130
-    # A finished campaign is one window of the site's history (a partial one, once resumed).
-    from slurm_chaos.history.commands import record_campaign
-
-    return text + record_campaign(camp.site, camp.run_dir), code
+    return text + recorded, code
 
 
 def cleanup_site(site_path: Path, nodes: list[str] | None, run_dir: Path | None) -> list[Outcome]:

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_chaos.analysis.report import analyse_run
+from slurm_chaos.analysis.report import RunReport, analyse_run
 from slurm_chaos.errors import ChaosError, DataError, UsageError
 from slurm_chaos.history.compare import HistoryComparison, compare_windows
 from slurm_chaos.history.records import Window, window_of
@@ -24,6 +24,7 @@ from slurm_chaos.history.render import (
     history_html,
     history_json,
     history_text,
+    trend_html,
 )
 from slurm_chaos.history.store import open_store
 from slurm_chaos.rundir import Manifest
@@ -123,18 +124,24 @@ def compare(site: Site, store: Path | None, last: int, window: str | None, fmt: 
     return text, result.exit_code
 
 
-def record_campaign(site: Site, run_dir: Path) -> str:
-    """Add a finished campaign's window to the site's history; a line to print.
+def record_campaign(site: Site, run_dir: Path, report: RunReport | None = None) -> tuple[str, str]:
+    """Add a finished campaign's window to the site's history: (a line to print, the report's
+    section on the site's history: this window against the last, '' where there is none).
 
     The run directory is the evidence and stays so: a history that cannot be written (a full disk,
     a file of a newer release) costs the campaign nothing but this warning and the command that
-    adds it later."""
+    adds it later. ``report``: the run's analysis, where the caller has it already."""
     path = store_path(site, None, run_dir.resolve().parent)
     try:
-        window = read_window(run_dir, site)
+        report = report if report is not None else analyse_run(run_dir)
+        window = window_of(report, run_dir, site_name(report.manifest, site, run_dir))
         with open_store(path) as history:
             history.add(window)
+            windows = history.windows(window.site)
     except (ChaosError, OSError, sqlite3.Error) as exc:
         log.warning("history: %s not recorded in %s: %s", run_dir, path, exc)
-        return f"history: not recorded ({exc}); later: slurm-chaos history import {run_dir} --store {path}\n"
-    return f"history: {window.run_id} added to {path}\n"
+        line = f"history: not recorded ({exc}); later: slurm-chaos history import {run_dir} --store {path}\n"
+        return line, ""
+    now, earlier = choose(windows, window.run_id, 1)
+    upto = windows[: [w.run_id for w in windows].index(now.run_id) + 1]
+    return f"history: {window.run_id} added to {path}\n", trend_html(compare_windows(now, earlier), upto)

@@ -224,3 +224,103 @@ def comparison_json(cmp: HistoryComparison) -> str:
         "exit_code": cmp.exit_code,
     }
     return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+# ------------------------------------------------------------------ the report's trend section
+
+#: How many windows a report's trend shows at most (this one and the ones before it).
+TREND_WINDOWS = 10
+
+
+def _sparkline(values: Sequence[float | None], fmt: str, label: str) -> str:
+    """A small inline SVG line over the windows, oldest first, this window's point marked; a
+    window with no value leaves a gap. No scripts, no external resources."""
+    width, height, pad = 180, 36, 4
+    known = [v for v in values if v is not None]
+    if not known:
+        return f'<span class="trend-none" aria-label="{html.escape(label)}">-</span>'
+    lo, hi = min(known), max(known)
+    span = (hi - lo) or 1.0
+    step = (width - 2 * pad) / max(len(values) - 1, 1)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        return pad + i * step, height - pad - (v - lo) / span * (height - 2 * pad)
+
+    runs: list[list[tuple[float, float]]] = [[]]
+    for i, v in enumerate(values):
+        if v is None:
+            runs.append([])
+        else:
+            runs[-1].append(xy(i, v))
+    paths = "".join(
+        '<polyline fill="none" stroke="#555" stroke-width="1.5" points="'
+        + " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
+        + '"/>'
+        for run in runs
+        if len(run) > 1
+    )
+    dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="#555"/>' for run in runs for x, y in run)
+    last = values[-1]
+    mark = ""
+    if last is not None:
+        x, y = xy(len(values) - 1, last)
+        mark = f'<circle class="now" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="#c0392b"/>'
+    title = html.escape(f"{label}: " + ", ".join("-" if v is None else fmt.format(v) for v in values))
+    return (
+        f'<svg class="trend" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+        f"<title>{title}</title>{paths}{dots}{mark}</svg>"
+    )
+
+
+def _ends(values: Sequence[float | None], fmt: str) -> str:
+    """The first and this window's value beside a line, in words."""
+    first = next((v for v in values if v is not None), None)
+    last = values[-1] if values else None
+    text = " -> ".join("-" if v is None else fmt.format(v) for v in (first, last))
+    return f'<span class="trend-ends">{html.escape(text)}</span>'
+
+
+def trend_html(cmp: HistoryComparison, history: Sequence[Window]) -> str:
+    """The report's section on the site's history: per experiment of this window, its time to
+    detect and its effect over ``history`` (the windows up to this one, oldest first: a small line
+    each, this window marked), then the regressions and improvements of ``cmp`` (what `history
+    --compare` names). Empty with no earlier window."""
+    if not cmp.earlier:
+        return ""
+    e = html.escape
+    windows = list(history)[-TREND_WINDOWS:]
+    rows = []
+    for rec in cmp.window.experiments:
+        series = [w.experiment(rec.name) for w in windows]
+        detect = [r.time_to_detect_s if r is not None else None for r in series]
+        effect = [r.effect * 100 if r is not None and r.effect is not None else None for r in series]
+        verdicts = " ".join(r.verdict.value if r is not None else "-" for r in series)
+        rows.append(
+            f'<tr data-experiment="{e(rec.name)}"><td>{e(rec.name)}</td>'
+            f"<td>{_sparkline(detect, '{:.0f} s', 'time to detect')} {_ends(detect, '{:.0f} s')}</td>"
+            f"<td>{_sparkline(effect, '{:+.1f}%', 'effect')} {_ends(effect, '{:+.1f}%')}</td>"
+            f"<td>{e(verdicts)}</td></tr>"
+        )
+
+    def changes(title: str, cls: str, items: Sequence[Change]) -> str:
+        if not items:
+            return f'<p class="{cls}">{title}: none</p>'
+        lis = "".join(
+            f"<li><b>{e(c.experiment)}</b>: {e(c.what)}: {e(c.reason)} "
+            f"({e(c.before_window)}: {e(c.before)}; now: {e(c.now)})</li>"
+            for c in items
+        )
+        return f'<p class="{cls}">{title}: {len(items)}</p><ul class="{cls}">{lis}</ul>'
+
+    ids = ", ".join(w.run_id for w in cmp.earlier)
+    return (
+        '<section id="history"><h2>Since the last window</h2>'
+        f"<p>site <b>{e(cmp.site)}</b>: this window judged against {e(ids)} (the rules of "
+        f"<code>slurm-chaos history --compare</code>); the lines run over the last {len(windows)} "
+        "windows, oldest first, this one in red.</p>"
+        "<table><thead><tr><th>experiment</th><th>time to detect</th><th>effect</th><th>verdicts</th>"
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        + changes("regressions", "regressions", cmp.findings)
+        + changes("improvements", "improvements", cmp.improvements)
+        + "</section>"
+    )

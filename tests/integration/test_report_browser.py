@@ -131,3 +131,42 @@ def test_dom_has_the_plots_and_console_is_clean(page: Path, tmp_path: Path) -> N
         line for line in done.stderr.splitlines() if ":ERROR:" in line and not ENVIRONMENT_NOISE.search(line)
     ]
     assert page_errors == [], page_errors
+
+
+def test_the_sites_history_shows_in_the_report(tmp_path: Path) -> None:
+    """A campaign recorded after an earlier window: the report's history section, as Chromium builds
+    it, has a line each of time to detect and effect per experiment with this window marked, and
+    names the regression (detected after 80 s instead of 12 s, past its deadline)."""
+    from slurm_chaos.history.commands import record_campaign
+    from slurm_chaos.site import load_site
+
+    golden = load_site(Path(__file__).resolve().parents[1] / "data" / "sites" / "golden.yaml")
+    base = JobModel(ranks=4, steps=300, warmup_steps=15, ranks_per_host=2, seed=1)
+
+    def window(name: str, detect_after_s: float) -> Path:
+        exp = SyntheticExperiment(
+            "slow-gpu",
+            base,
+            replace(base, seed=2, slow_rank=1, slow_rank_factor=0.3, fault_start_step=100),
+            Expectation(detect_signals=("alert_firing",), detect_within_s=60.0),
+            observations=[("alert_firing:GpuSlow", detect_after_s, "rank 1")],
+            fault_name="gpu-throttle",
+        )
+        return write_run_dir(tmp_path / "runs" / name, [exp], run_id=name)
+
+    assert record_campaign(golden, window("w1", 12.0))[1] == ""
+    w2 = window("w2", 80.0)
+    _, trend = record_campaign(golden, w2)
+    report_dir(w2, "html", None, appendix=trend)
+    done = chromium(tmp_path, "--dump-dom", (w2 / "report.html").as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = re.search(r'<section id="history">.*?</section>', done.stdout, re.S)
+    assert section is not None, "no history section in the DOM"
+    html_ = section.group(0)
+    assert re.findall(r'<tr data-experiment="([^"]+)">', html_) == ["slow-gpu"]
+    assert html_.count("<svg") == 2 and html_.count('class="now"') == 2
+    assert "time to detect: past its deadline of 60 s (w1: 12 s; now: 80 s)" in html_
+    assert '<span class="trend-ends">12 s -&gt; 80 s</span>' in html_
+    shot = tmp_path / "history.png"
+    chromium(tmp_path, "--window-size=1200,3000", f"--screenshot={shot}", (w2 / "report.html").as_uri())
+    assert shot.is_file() and shot.stat().st_size > 20_000

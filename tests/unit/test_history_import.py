@@ -135,9 +135,10 @@ def test_the_history_lies_beside_the_run_directories_unless_the_site_names_it(tm
     runs = tmp_path / "runs"
     run_dir = write_run_dir(runs / "w1", [slow_rank(12.0)], run_id="w1")
     site = load_site(GOLDEN)
-    assert record_campaign(site, run_dir) == f"history: w1 added to {runs / 'history.sqlite'}\n"
+    assert record_campaign(site, run_dir) == (f"history: w1 added to {runs / 'history.sqlite'}\n", "")
     elsewhere = tmp_path / "var" / "history.sqlite"
-    assert record_campaign(replace(site, history_path=elsewhere), run_dir).endswith(f"added to {elsewhere}\n")
+    line, _ = record_campaign(replace(site, history_path=elsewhere), run_dir)
+    assert line.endswith(f"added to {elsewhere}\n")
     with open_store(elsewhere, create=False) as history:
         (window,) = history.windows("golden")  # a manifest without a cluster: the site's
     assert window.run_id == "w1"
@@ -148,6 +149,27 @@ def test_a_history_that_cannot_be_written_costs_the_campaign_a_warning(tmp_path:
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     site = replace(load_site(GOLDEN), history_path=blocked / "history.sqlite")
-    line = record_campaign(site, run_dir)
-    assert line.startswith("history: not recorded (")
+    line, trend = record_campaign(site, run_dir)
+    assert line.startswith("history: not recorded (") and trend == ""
     assert f"slurm-chaos history import {run_dir} --store {blocked / 'history.sqlite'}" in line
+
+
+def test_a_recorded_window_gets_the_reports_trend_against_the_last(tmp_path: Path) -> None:
+    """The first window has nothing to compare with; the second's report section shows each
+    experiment's time to detect and effect over both windows and names the regressions
+    `history --compare` names: detected after 80 s instead of 12 s, past its 60 s deadline."""
+    runs = tmp_path / "runs"
+    site = load_site(GOLDEN)
+    w1 = write_run_dir(runs / "w1", [slow_rank(12.0)], run_id="w1")
+    assert record_campaign(site, w1)[1] == ""
+    w2 = write_run_dir(runs / "w2", [slow_rank(80.0)], run_id="w2")
+    line, trend = record_campaign(site, w2)
+    assert line == f"history: w2 added to {runs / 'history.sqlite'}\n"
+    assert trend.startswith('<section id="history">') and "judged against w1" in trend
+    assert trend.count("<svg") == 2 and 'class="now"' in trend  # time to detect, effect; this window marked
+    assert '<p class="regressions">regressions: 4</p>' in trend
+    assert "verdict: worse than in the last window (w1: PASSED; now: BLIND SPOT)" in trend
+    assert "time to detect: past its deadline of 60 s (w1: 12 s; now: 80 s)" in trend
+    assert '<p class="improvements">improvements: none</p>' in trend
+    report_dir(w2, "html", None, appendix=trend)
+    assert trend in (w2 / "report.html").read_text()
