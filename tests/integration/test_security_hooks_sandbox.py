@@ -30,6 +30,7 @@ from slurm_chaos.faults.cleanup import cleanup
 from slurm_chaos.faults.hooks import UNDO_FAILED
 from slurm_chaos.faults.install_hooks import HOOK_NAME, install_hooks
 from slurm_chaos.faults.journal import Journal
+from slurm_chaos.faults.node_net import qdisc_handle
 from slurm_chaos.faults.policy import POLICY_NAME, Policy, write_policy
 from slurm_chaos.runner import Completed, SubprocessRunner
 
@@ -179,25 +180,28 @@ def test_a_failed_undo_drains_the_node_and_the_next_tenants_prolog_tidies(hooks:
     try:
         with blocked_tc(hooks):
             job, out = _job(hooks, "chaosok", node, admin_spec=SPEC)
-            assert "tbf cafe:" in out, "the fault never reached the job: nothing to undo"
+            ours = f"tbf {qdisc_handle(job)} root"
+            assert ours in out, f"the fault never reached the job: nothing to undo ({out!r})"
             end = time.monotonic() + TIMEOUT
             while (now := hooks.state(node))[0] not in ("drained", "drain", "draining"):
                 assert time.monotonic() < end, f"{node} not drained after the failed undo: {now}"
                 time.sleep(0.5)
             reason = now[1]
             assert reason.startswith(f"{UNDO_FAILED}: {node} job {job} netem"), reason
-            assert "tc qdisc del dev eth0 root" in reason and "(and" not in reason, reason
+            # What failed, in words: our qdisc is still there because its delete was refused.
+            assert f"our tbf qdisc {qdisc_handle(job)} is still there (tc qdisc del blocked" in reason, reason
+            assert "(and" not in reason, reason
             log = (hooks.root / "log" / "slurm-chaos-agent.log").read_text()
             assert f"{reason}: draining {node}" in log and "tc qdisc del blocked by the test" in log
             assert Journal(hooks.journal_root, node, job).read().pending(), (
                 "the change stays for a later undo"
             )
-            assert "tbf cafe:" in hooks.in_node(node, "tc", "qdisc", "show", "dev", "eth0").stdout
+            assert ours in hooks.in_node(node, "tc", "qdisc", "show", "dev", "eth0").stdout
         # The way cleared and the node resumed by its administrator: the next tenant, a user the
         # policy does not name, finds the node tidy: their job's prolog reverted what was left.
         assert hooks.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"]).ok
         _, out = _job(hooks, "chaosno", node)
-        assert "qdisc" in out and "cafe:" not in out, out
+        assert "qdisc" in out and qdisc_handle(job) not in out, out
         assert not Journal(hooks.journal_root, node, job).read().pending()
         log = (hooks.root / "log" / "slurm-chaos-agent.log").read_text()
         assert f"prolog cleanup: {node} job {job} netem" in log
