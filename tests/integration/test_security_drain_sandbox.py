@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sandbox_cli import reinstall_plugin
 
 from slurm_chaos.observe.healthcheck import REASON_PREFIX, install_healthcheck
 from slurm_chaos.runner import SubprocessRunner
@@ -96,6 +97,9 @@ def cluster(sandbox: Any, chaos_site: Path) -> Iterator[Cluster]:
     layout = Layout.load(sandbox.name)
     assert layout is not None
     site = load_site(chaos_site, site_placeholders)
+    # The site's policy decides whose findings drain: installed here, whatever an earlier module's
+    # fixture put back or took away on leaving.
+    reinstall_plugin(sandbox, chaos_site)
     install_healthcheck(layout.etc, site)
     yield Cluster(layout)
 
