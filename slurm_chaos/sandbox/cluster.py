@@ -231,6 +231,7 @@ class Sandbox:
         layout = self._allocate(nodes, cgroups, switches)
         fresh = not self._ctld_alive(layout)
         if fresh:
+            self._rotate_logs(layout)
             # Every node runs the health check each interval; a site with many nodes lengthens it
             # too (at 64 nodes, one check a second on this machine's 2 cores, not 13).
             self._write_configs(layout, health_interval or max(5, nodes))
@@ -251,6 +252,24 @@ class Sandbox:
             start_monitoring(layout, self.slurmd_pids(layout))
         log.info("sandbox %s up: %d nodes idle in %.1f s", self.name, nodes, time.monotonic() - t0)
         return layout
+
+    @staticmethod
+    def _rotate_logs(layout: Layout) -> None:
+        """A new controller's logs start empty; the last ones are kept in log.previous.
+
+        A purged sandbox's new slurmctld starts job ids at 1 again: without this, a line about an
+        earlier job N would read as one about the new job N.
+        """
+        logs = layout.log_dir
+        if not logs.is_dir() or not any(logs.iterdir()):
+            return
+        previous = logs.with_name("log.previous")
+        try:
+            jobfs.remove_tree(previous)
+        except (OSError, jobfs.JobFsError) as exc:
+            log.warning("sandbox %s: %s not removed: %s", layout.name, previous, exc)
+            return
+        logs.rename(previous)
 
     def _write_configs(self, layout: Layout, health_interval: int) -> None:
         for sub in ("state", "spool", "log", "run", "tmp", "db", "shared", "etc"):

@@ -108,9 +108,22 @@ def acks(out: str) -> list[tuple[int, float, str]]:
     return [(int(e), float(t), err) for e, t, err in found]
 
 
-def job_log(cluster: Cluster, job: str) -> list[str]:
-    """The agent's log lines about the job's channel on NODE."""
-    text = cluster.log_file.read_text() if cluster.log_file.exists() else ""
+def log_mark(cluster: Cluster) -> int:
+    """Where the agent's log ends now: job_log reads from here on."""
+    return cluster.log_file.stat().st_size if cluster.log_file.exists() else 0
+
+
+def job_log(cluster: Cluster, job: str, since: int) -> list[str]:
+    """The agent's log lines about the job's channel on NODE, written after ``since`` (log_mark).
+
+    The log outlives the sandbox's job ids (a sandbox brought up again starts them at 1 again), so
+    a line about an earlier job of the same id may be there before the test.
+    """
+    if not cluster.log_file.exists():
+        return []
+    with cluster.log_file.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
     return [line for line in text.splitlines() if f"/{NODE}/{job}.control" in line]
 
 
@@ -120,6 +133,7 @@ def test_a_job_hammering_its_control_channel_gets_one_switch_per_interval(
     userlib: Path,
 ) -> None:
     before = cluster.snapshot(NODE)
+    mark = log_mark(cluster)
     monitor = TcMonitor(cluster, NODE)
     try:
         job = hammer_job(cluster, sandbox_users["chaosok"], userlib)
@@ -142,7 +156,7 @@ def test_a_job_hammering_its_control_channel_gets_one_switch_per_interval(
     handle = qdisc_handle(job)
     changes = re.findall(rf"^(?:deleted )?qdisc tbf {handle} dev eth0 root", events, flags=re.M)
     assert 10 <= len(changes) <= most + 2, events  # + the apply's one add and delete (no sch_netem?)
-    (summary,) = [line for line in job_log(cluster, job) if "requests acted on" in line]
+    (summary,) = [line for line in job_log(cluster, job, mark) if "requests acted on" in line]
     acted = int(re.search(r"(\d+) requests acted on", summary).group(1))  # type: ignore[union-attr]
     assert acted <= most and "held back" in summary, summary
     assert cluster.snapshot(NODE) == before
@@ -154,6 +168,7 @@ def test_an_administrators_qdisc_survives_a_netem_jobs_switches_and_undo(
     userlib: Path,
 ) -> None:
     before = cluster.snapshot(NODE)
+    mark = log_mark(cluster)
     job = hammer_job(cluster, sandbox_users["chaosok"], userlib)
     try:
         cluster.wait_state(job, {"RUNNING"})
@@ -172,7 +187,7 @@ def test_an_administrators_qdisc_survives_a_netem_jobs_switches_and_undo(
         assert "not ours" in cluster.journal(NODE, job) and "left as it is" in cluster.journal(NODE, job)
         failed = [e for e in acks(cluster.output(job)) if e[2]]
         assert len(failed) > agent.FAILURES_LOGGED + 5, cluster.output(job)  # the job made them fail
-        errors = [line for line in job_log(cluster, job) if " ERROR " in line]
+        errors = [line for line in job_log(cluster, job, mark) if " ERROR " in line]
         # Ten in full, the line that says the rest are summed up, one summary at the end.
         assert agent.FAILURES_LOGGED < len(errors) <= agent.FAILURES_LOGGED + 3, errors
     finally:
